@@ -1,0 +1,811 @@
+//! Configuration: the TOML file of SPEC section 8, `IDEM_...__...` environment
+//! overrides, the embedded default, and start-up validation.
+//!
+//! Loading is two steps. [`figment`] merges the file (or the embedded default)
+//! with the environment and deserializes with `deny_unknown_fields`, so a typo
+//! in a key is an error that names the key and the file. [`Config::validate`]
+//! then checks what types cannot: references between sections, ranges, and
+//! that tenant keys are unambiguous. Everything after start-up reads the
+//! validated [`Config`] through an `Arc` and never re-parses it.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// The configuration used when no file is given (SPEC section 8).
+pub const EMBEDDED_DEFAULT: &str = include_str!("default.toml");
+
+/// Where the configuration came from, for error messages and the start-up log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    File(PathBuf),
+    Embedded,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::File(p) => write!(f, "{}", p.display()),
+            Source::Embedded => f.write_str("<embedded default>"),
+        }
+    }
+}
+
+/// A configuration that could not be loaded; the message names the file and
+/// the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{source_name}: {message}")]
+    Parse {
+        source_name: String,
+        message: String,
+    },
+    #[error("{source_name}: `{key}`: {message}")]
+    Invalid {
+        source_name: String,
+        key: String,
+        message: String,
+    },
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub storage: StorageConfig,
+    #[serde(default)]
+    pub coalescing: CoalescingConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    /// Where this configuration came from (not a TOML key).
+    #[serde(skip, default = "embedded_source")]
+    pub source: Source,
+}
+
+fn embedded_source() -> Source {
+    Source::Embedded
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: String,
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    pub max_body_bytes: usize,
+    /// Deepest JSON nesting accepted in a request body.
+    pub max_json_depth: usize,
+    /// Most `messages` accepted in one chat completion request.
+    pub max_messages: usize,
+    /// How long a graceful shutdown waits for requests in progress.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Serve without `[[tenants]]` on a non-loopback address (everybody is
+    /// tenant `default`). Off by default: an open gateway must be a choice.
+    pub allow_anonymous: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            request_timeout: Duration::from_secs(120),
+            max_body_bytes: 8 * 1024 * 1024,
+            max_json_depth: 64,
+            max_messages: 2048,
+            shutdown_grace: Duration::from_secs(10),
+            allow_anonymous: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    pub url: String,
+    #[serde(with = "humantime_serde")]
+    pub idempotency_retention: Duration,
+    pub max_connections: u32,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://idem.db".into(),
+            idempotency_retention: Duration::from_secs(24 * 3600),
+            max_connections: 16,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoalescingConfig {
+    /// `memory` or a `redis://` URL.
+    pub backend: String,
+    /// Prefix of every Redis key idem writes.
+    pub redis_prefix: String,
+    /// Most entries the in-process result cache holds.
+    pub cache_capacity: u64,
+}
+
+impl Default for CoalescingConfig {
+    fn default() -> Self {
+        Self {
+            backend: "memory".into(),
+            redis_prefix: "idem".into(),
+            cache_capacity: 100_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Admin API keys, plain or `sha256:<hex>`.
+    pub api_keys: Vec<String>,
+    /// Require an admin key for `GET /metrics`.
+    pub metrics_require_key: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `json` (one object per line) or `text`.
+    pub format: String,
+    /// Where the per-request log goes: `stdout`, `off`, or a file path.
+    pub requests: String,
+    /// Include message contents in the request log.
+    pub bodies: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: "text".into(),
+            requests: "stdout".into(),
+            bodies: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    pub api_keys: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Any OpenAI-compatible HTTP API.
+    Openai,
+    /// The built-in fake provider, answered in-process (demo and default).
+    Mock,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub name: String,
+    pub kind: ProviderKind,
+    #[serde(default)]
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_provider_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Most idle keep-alive connections kept per host.
+    #[serde(default = "default_pool_idle")]
+    pub pool_max_idle: usize,
+}
+
+fn default_provider_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_pool_idle() -> usize {
+    256
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    pub provider: String,
+    pub model: String,
+    /// The upstream model's version, when the provider's model name does not
+    /// pin one; part of the fingerprint so a version change is a new task.
+    #[serde(default)]
+    pub version: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Normalize {
+    #[default]
+    None,
+    Whitespace,
+    Casefold,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    #[default]
+    Tenant,
+    User,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub model: String,
+    pub targets: Vec<TargetConfig>,
+    #[serde(default)]
+    pub normalize: Normalize,
+    #[serde(default)]
+    pub scope: Scope,
+    #[serde(default)]
+    pub contract: Option<PathBuf>,
+    /// Request fields that never change the answer on this route.
+    #[serde(default)]
+    pub ignore_fields: Vec<String>,
+    #[serde(default)]
+    pub cache: RouteCache,
+    #[serde(default)]
+    pub coalesce: RouteCoalesce,
+    #[serde(default)]
+    pub attempts: RouteAttempts,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteCache {
+    pub enabled: bool,
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    pub jitter: f64,
+    /// How long past its TTL an answer may still be served by
+    /// `on_wait_timeout = "stale"`.
+    #[serde(with = "humantime_serde")]
+    pub stale_grace: Duration,
+    /// Negative-cache TTL for 429s and timeouts (a `Retry-After` raises it).
+    #[serde(with = "humantime_serde")]
+    pub rate_limit_ttl: Duration,
+    /// Cap for a `Retry-After`-raised negative TTL.
+    #[serde(with = "humantime_serde")]
+    pub rate_limit_ttl_max: Duration,
+    /// Negative-cache TTL for provider 5xx.
+    #[serde(with = "humantime_serde")]
+    pub server_error_ttl: Duration,
+}
+
+impl Default for RouteCache {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ttl: Duration::from_secs(30),
+            jitter: 0.15,
+            stale_grace: Duration::from_secs(300),
+            rate_limit_ttl: Duration::from_secs(2),
+            rate_limit_ttl_max: Duration::from_secs(30),
+            server_error_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `coalesce.max_wait`: a duration, or `auto` (1.5 x the route's observed p99
+/// leader latency, clamped to [300 ms, the target timeout]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MaxWait {
+    #[default]
+    Auto,
+    Fixed(Duration),
+}
+
+impl<'de> Deserialize<'de> for MaxWait {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "auto" {
+            return Ok(MaxWait::Auto);
+        }
+        humantime::parse_duration(&s)
+            .map(MaxWait::Fixed)
+            .map_err(|e| serde::de::Error::custom(format!("expected \"auto\" or a duration: {e}")))
+    }
+}
+
+impl Serialize for MaxWait {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MaxWait::Auto => s.serialize_str("auto"),
+            MaxWait::Fixed(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnWaitTimeout {
+    #[default]
+    Fail,
+    Stale,
+    Lead,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteCoalesce {
+    pub enabled: bool,
+    pub max_wait: MaxWait,
+    pub on_wait_timeout: OnWaitTimeout,
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+}
+
+impl Default for RouteCoalesce {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_wait: MaxWait::Auto,
+            on_wait_timeout: OnWaitTimeout::Fail,
+            lease: Duration::from_secs(3),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteAttempts {
+    pub max: u32,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    #[serde(with = "humantime_serde::option")]
+    pub hedge_after: Option<Duration>,
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    #[serde(with = "humantime_serde")]
+    pub late_result_window: Duration,
+    #[serde(with = "humantime_serde::option")]
+    pub auto_resolve_unknown_after: Option<Duration>,
+}
+
+impl Default for RouteAttempts {
+    fn default() -> Self {
+        Self {
+            max: 3,
+            timeout: Duration::from_secs(30),
+            hedge_after: None,
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(10),
+            late_result_window: Duration::from_secs(600),
+            auto_resolve_unknown_after: None,
+        }
+    }
+}
+
+impl Config {
+    /// Loads the file at `path`, or the embedded default when `path` is
+    /// `None`, then applies `IDEM_...__...` environment overrides and
+    /// validates.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load_with_env(path, true)
+    }
+
+    /// Like [`Config::load`], with the environment overrides optional (tests
+    /// run in one process and must not see each other's variables).
+    pub fn load_with_env(path: Option<&Path>, use_env: bool) -> Result<Config, ConfigError> {
+        let (source, text) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source: e,
+                })?;
+                (Source::File(p.to_path_buf()), text)
+            }
+            None => (Source::Embedded, embedded_default_text()),
+        };
+        Self::from_toml_str(&text, source, use_env)
+    }
+
+    /// Parses a TOML document (plus environment overrides when `use_env`)
+    /// and validates it.
+    pub fn from_toml_str(text: &str, source: Source, use_env: bool) -> Result<Config, ConfigError> {
+        let mut fig = Figment::new().merge(Toml::string(text));
+        if use_env {
+            fig = fig.merge(env_overrides());
+        }
+        let mut config: Config = fig.extract().map_err(|e| ConfigError::Parse {
+            source_name: source.to_string(),
+            message: describe_figment_error(e),
+        })?;
+        config.source = source;
+        config.resolve_relative_paths();
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Contract paths are relative to the config file's folder.
+    fn resolve_relative_paths(&mut self) {
+        let Source::File(file) = &self.source else {
+            return;
+        };
+        let Some(dir) = file.parent() else { return };
+        for route in &mut self.routes {
+            if let Some(c) = &route.contract
+                && c.is_relative()
+            {
+                route.contract = Some(dir.join(c));
+            }
+        }
+    }
+
+    fn invalid(&self, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            source_name: self.source.to_string(),
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Start-up checks that types cannot express. Each error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let listen: SocketAddr = self
+            .server
+            .listen
+            .parse()
+            .map_err(|e| self.invalid("server.listen", format!("not an address: {e}")))?;
+        if self.server.max_body_bytes < 1024 {
+            return Err(self.invalid("server.max_body_bytes", "must be at least 1024"));
+        }
+        if !(2..=512).contains(&self.server.max_json_depth) {
+            return Err(self.invalid("server.max_json_depth", "must be within 2..=512"));
+        }
+        if self.server.request_timeout.is_zero() {
+            return Err(self.invalid("server.request_timeout", "must be above zero"));
+        }
+        if self.tenants.is_empty() && !listen.ip().is_loopback() && !self.server.allow_anonymous {
+            return Err(self.invalid(
+                "tenants",
+                "no [[tenants]] configured and server.listen is not a loopback address: \
+                 everybody could use this gateway; add tenants or set server.allow_anonymous = true",
+            ));
+        }
+        let url = &self.storage.url;
+        if !(url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(self.invalid("storage.url", "expected sqlite://FILE or postgres://..."));
+        }
+        let backend = &self.coalescing.backend;
+        if backend != "memory" && !backend.starts_with("redis://") && !backend.starts_with("rediss://") {
+            return Err(self.invalid("coalescing.backend", "expected \"memory\" or a redis:// URL"));
+        }
+
+        let mut seen_keys = HashSet::new();
+        for (i, key) in self.admin.api_keys.iter().enumerate() {
+            check_key(key).map_err(|m| self.invalid(format!("admin.api_keys[{i}]"), m))?;
+            seen_keys.insert(key.as_str());
+        }
+        let mut tenant_names = HashSet::new();
+        for (t, tenant) in self.tenants.iter().enumerate() {
+            if !valid_name(&tenant.name) {
+                return Err(self.invalid(format!("tenants[{t}].name"), NAME_RULE));
+            }
+            if !tenant_names.insert(tenant.name.as_str()) {
+                return Err(self.invalid(format!("tenants[{t}].name"), "duplicate tenant name"));
+            }
+            if tenant.api_keys.is_empty() {
+                return Err(self.invalid(format!("tenants[{t}].api_keys"), "a tenant needs at least one key"));
+            }
+            for (i, key) in tenant.api_keys.iter().enumerate() {
+                let k = format!("tenants[{t}].api_keys[{i}]");
+                check_key(key).map_err(|m| self.invalid(&k, m))?;
+                if !seen_keys.insert(key.as_str()) {
+                    return Err(self.invalid(k, "this key is already used by another tenant or the admin"));
+                }
+            }
+        }
+
+        let mut provider_names = HashSet::new();
+        for (p, provider) in self.providers.iter().enumerate() {
+            if !valid_name(&provider.name) {
+                return Err(self.invalid(format!("providers[{p}].name"), NAME_RULE));
+            }
+            if !provider_names.insert(provider.name.as_str()) {
+                return Err(self.invalid(format!("providers[{p}].name"), "duplicate provider name"));
+            }
+            if provider.kind == ProviderKind::Openai {
+                let u = &provider.base_url;
+                if !(u.starts_with("http://") || u.starts_with("https://")) {
+                    return Err(self.invalid(
+                        format!("providers[{p}].base_url"),
+                        "an openai provider needs an http:// or https:// base_url",
+                    ));
+                }
+            }
+            if provider.timeout.is_zero() {
+                return Err(self.invalid(format!("providers[{p}].timeout"), "must be above zero"));
+            }
+        }
+
+        let mut route_names = HashSet::new();
+        for (r, route) in self.routes.iter().enumerate() {
+            let at = |k: &str| format!("routes[{r}].{k}");
+            if route.model.is_empty() {
+                return Err(self.invalid(at("model"), "must not be empty"));
+            }
+            if !route_names.insert(route.model.as_str()) {
+                return Err(self.invalid(at("model"), format!("duplicate route \"{}\"", route.model)));
+            }
+            if route.targets.is_empty() {
+                return Err(self.invalid(at("targets"), "a route needs at least one target"));
+            }
+            for (i, target) in route.targets.iter().enumerate() {
+                if !provider_names.contains(target.provider.as_str()) {
+                    let known: Vec<&str> = self.providers.iter().map(|p| p.name.as_str()).collect();
+                    return Err(self.invalid(
+                        at(&format!("targets[{i}].provider")),
+                        format!("unknown provider \"{}\" (known: {})", target.provider, known.join(", ")),
+                    ));
+                }
+                if target.model.is_empty() {
+                    return Err(self.invalid(at(&format!("targets[{i}].model")), "must not be empty"));
+                }
+            }
+            let c = &route.cache;
+            if c.ttl < Duration::from_secs(1) {
+                return Err(self.invalid(at("cache.ttl"), "must be at least 1s"));
+            }
+            if !(0.0..=1.0).contains(&c.jitter) {
+                return Err(self.invalid(at("cache.jitter"), "must be within 0.0..=1.0"));
+            }
+            if route.coalesce.lease < Duration::from_millis(300) {
+                return Err(self.invalid(at("coalesce.lease"), "must be at least 300ms"));
+            }
+            if let MaxWait::Fixed(d) = route.coalesce.max_wait
+                && d.is_zero()
+            {
+                return Err(self.invalid(at("coalesce.max_wait"), "must be above zero (or \"auto\")"));
+            }
+            let a = &route.attempts;
+            if a.max == 0 {
+                return Err(self.invalid(at("attempts.max"), "must be at least 1"));
+            }
+            if a.timeout.is_zero() {
+                return Err(self.invalid(at("attempts.timeout"), "must be above zero"));
+            }
+            if let Some(contract) = &route.contract
+                && !contract.exists()
+            {
+                return Err(self.invalid(
+                    at("contract"),
+                    format!("contract file {} does not exist", contract.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.server
+            .listen
+            .parse()
+            .map_err(|e| self.invalid("server.listen", format!("not an address: {e}")))
+    }
+
+    pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
+        self.providers.iter().find(|p| p.name == name)
+    }
+}
+
+const NAME_RULE: &str = "names are 1..64 characters of [A-Za-z0-9._-]";
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+fn check_key(key: &str) -> Result<(), String> {
+    if let Some(hex) = key.strip_prefix("sha256:") {
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("a sha256: key needs 64 hex digits".into());
+        }
+        return Ok(());
+    }
+    if key.len() < 8 {
+        return Err("an API key needs at least 8 characters".into());
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("an API key must be printable ASCII without spaces".into());
+    }
+    Ok(())
+}
+
+/// `IDEM_SERVER__LISTEN=...` sets `server.listen`. `IDEM_CONFIG` names the
+/// file and `IDEM_LOG` the log filter; neither is a config key.
+fn env_overrides() -> Env {
+    Env::prefixed("IDEM_").split("__").ignore(&["CONFIG", "LOG"])
+}
+
+/// The embedded default, plus an OpenAI provider and routes when
+/// `OPENAI_API_KEY` is set.
+fn embedded_default_text() -> String {
+    let mut text = EMBEDDED_DEFAULT.to_string();
+    if std::env::var_os("OPENAI_API_KEY").is_some() {
+        text.push_str(OPENAI_DEFAULT);
+    }
+    text
+}
+
+const OPENAI_DEFAULT: &str = r#"
+[[providers]]
+name = "openai"
+kind = "openai"
+base_url = "https://api.openai.com/v1"
+api_key_env = "OPENAI_API_KEY"
+timeout = "60s"
+
+[[routes]]
+model = "gpt-4o-mini"
+targets = [{ provider = "openai", model = "gpt-4o-mini" }]
+
+[[routes]]
+model = "gpt-4o"
+targets = [{ provider = "openai", model = "gpt-4o" }]
+"#;
+
+/// Figment's messages name the key and the source; keep them, on one line.
+fn describe_figment_error(e: figment::Error) -> String {
+    e.into_iter()
+        .map(|err| {
+            let key = if err.path.is_empty() {
+                String::new()
+            } else {
+                format!("`{}`: ", err.path.join("."))
+            };
+            let from = match &err.metadata {
+                Some(m) if m.name.contains("environment") => format!(" (from {})", m.name),
+                _ => String::new(),
+            };
+            format!("{key}{}{from}", err.kind)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(text, Source::File("test.toml".into()), false)
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::from_toml_str(EMBEDDED_DEFAULT, Source::Embedded, false).unwrap();
+        assert_eq!(c.server.listen, "127.0.0.1:8080");
+        assert_eq!(c.storage.url, "sqlite://idem.db");
+        assert_eq!(c.coalescing.backend, "memory");
+        assert!(c.routes.iter().any(|r| r.model == "mock"));
+    }
+
+    #[test]
+    fn spec_example_parses() {
+        let text = r#"
+[server]
+listen = "127.0.0.1:8080"
+request_timeout = "120s"
+max_body_bytes = 8388608
+[storage]
+url = "sqlite://idem.db"
+idempotency_retention = "24h"
+[coalescing]
+backend = "memory"
+[admin]
+api_keys = ["admin-key-1"]
+[[tenants]]
+name = "acme"
+api_keys = ["sk-acme-1"]
+[[providers]]
+name = "primary"
+kind = "openai"
+base_url = "http://127.0.0.1:9001/v1"
+api_key_env = "PRIMARY_API_KEY"
+timeout = "30s"
+[[providers]]
+name = "fallback"
+kind = "openai"
+base_url = "http://127.0.0.1:9002/v1"
+[[routes]]
+model = "support-bot"
+targets = [ { provider = "primary", model = "gpt-4o-mini" },
+            { provider = "fallback", model = "llama-3.1-8b" } ]
+normalize = "none"
+scope = "tenant"
+[routes.cache]
+enabled = true
+ttl = "30s"
+jitter = 0.15
+[routes.coalesce]
+enabled = true
+max_wait = "auto"
+on_wait_timeout = "fail"
+[routes.attempts]
+max = 3
+timeout = "30s"
+hedge_after = "10s"
+"#;
+        let c = parse(text).unwrap();
+        let r = &c.routes[0];
+        assert_eq!(r.targets.len(), 2);
+        assert_eq!(r.coalesce.max_wait, MaxWait::Auto);
+        assert_eq!(r.attempts.hedge_after, Some(Duration::from_secs(10)));
+        assert_eq!(c.storage.idempotency_retention, Duration::from_secs(86400));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = parse("[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n").unwrap_err().to_string();
+        assert!(err.contains("test.toml"), "{err}");
+        assert!(err.contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn unknown_provider_names_the_route_key() {
+        let text = r#"
+[[providers]]
+name = "primary"
+kind = "mock"
+[[routes]]
+model = "m"
+targets = [{ provider = "primray", model = "x" }]
+"#;
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("routes[0].targets[0].provider"), "{err}");
+        assert!(err.contains("test.toml"), "{err}");
+    }
+
+    #[test]
+    fn open_gateway_on_public_address_is_refused() {
+        let err = parse("[server]\nlisten = \"0.0.0.0:8080\"\n").unwrap_err().to_string();
+        assert!(err.contains("tenants"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_names_the_key() {
+        let text = "[[providers]]\nname = \"p\"\nkind = \"mock\"\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p\", model = \"x\" }]\n[routes.cache]\nttl = \"soon\"\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("ttl"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_keys_across_tenants_are_refused() {
+        let text = "[[tenants]]\nname = \"a\"\napi_keys = [\"sk-same-key\"]\n[[tenants]]\nname = \"b\"\napi_keys = [\"sk-same-key\"]\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("tenants[1].api_keys[0]"), "{err}");
+    }
+}
