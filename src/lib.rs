@@ -2,11 +2,39 @@
 //!
 //! # Layout
 //!
-//! The folders follow a request (SPEC section 2):
-//! `http` (auth, validation, handlers) -> `jobs` (idempotency keys, attempts)
-//! -> `fingerprint` -> `cache` -> `flight` (one leader per fingerprint)
-//! -> `providers` (the upstream call). Around them: `config`, `store`
-//! (SQLite and PostgreSQL), `contracts`, `metrics`, and the `mock_upstream`
-//! test double for providers.
+//! The modules follow a request (SPEC section 2):
+//!
+//! - [`http`]: the router, authentication ([`tenants`]), validation, and the
+//!   handlers (`openai`, `jobs`, `ops`), which turn errors into OpenAI error
+//!   objects in one place;
+//! - [`routes`]: public model names mapped to their ordered targets;
+//! - [`jobs`]: idempotency keys, the attempt state machine, the executor and
+//!   the reconciler, over the [`store`] (SQLite or PostgreSQL);
+//! - [`fingerprint`]: what counts as the same task;
+//! - [`cache`]: the result and negative caches;
+//! - [`flight`]: one upstream call per fingerprint in flight (leader and
+//!   followers);
+//! - [`providers`]: the upstream call itself; [`answer`] is what it yields,
+//!   and [`sse`] converts it between streamed and plain form.
+//!
+//! Around them: [`config`], [`metrics`], [`app`] (start-up and shutdown),
+//! [`cli`], the [`demo`], and [`mock_upstream`], the test double for
+//! providers.
 
+pub mod answer;
+pub mod app;
+pub mod cache;
+pub mod cli;
 pub mod config;
+pub mod demo;
+pub mod fingerprint;
+pub mod flight;
+pub mod http;
+pub mod jobs;
+pub mod metrics;
+pub mod mock_upstream;
+pub mod providers;
+pub mod routes;
+pub mod sse;
+pub mod store;
+pub mod tenants;

@@ -1,1 +1,75 @@
-fn main() {}
+//! The `idem` command: parses flags, sets up logging, and hands over to the
+//! library. Each subcommand is one call.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "An OpenAI-compatible LLM gateway that does each piece of work once"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (without --config: the embedded default).
+    Serve {
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Start a mock provider and a gateway in one process, fire a wave of
+    /// identical requests, and print what happened.
+    Demo(idem::demo::DemoArgs),
+    /// A fake OpenAI-compatible provider for demos, tests and benchmarks.
+    MockUpstream(idem::mock_upstream::MockArgs),
+    /// Print the sha256: form of an API key for the config file.
+    HashKey { key: String },
+    /// Check a configuration file and print its routes.
+    Check {
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idem: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve { config } => idem::cli::serve(config.as_deref()).await,
+            Command::Demo(args) => idem::demo::run(args).await,
+            Command::MockUpstream(args) => {
+                idem::cli::init_logging("text");
+                idem::mock_upstream::run(args).await
+            }
+            Command::HashKey { key } => {
+                println!("{}", idem::tenants::hashed_key(&key));
+                Ok(())
+            }
+            Command::Check { config } => idem::cli::check(config.as_deref()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! A finished upstream answer as idem keeps and hands it out: what a flight
+//! ends with, what the result cache stores, what a job's attempt reports.
+//!
+//! An [`Answer`] is immutable and shared behind an `Arc`; it remembers the
+//! form the provider used (plain JSON or an SSE stream) and renders either
+//! form on demand, so a follower gets the answer in the form it asked for.
+//! [`Verdict`] classifies it the way SPEC section 5 does (`succeeded`,
+//! `failed`: the provider certainly did not do the work, `unknown`: it may
+//! have), and [`Answer::negative_ttl`] applies the cache table of section 4.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+
+use crate::config::RouteCache;
+use crate::http::error::error_body;
+use crate::providers::CallError;
+
+/// The form of a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    Plain,
+    Stream,
+}
+
+/// Why no provider answer exists (idem wrote the error body itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Connection refused before sending.
+    Connect,
+    /// No answer in time after sending.
+    Timeout,
+    /// Connection lost after sending (or mid-stream).
+    Broken,
+    /// The leader task ended without an answer (a bug or a panic).
+    LeaderLost,
+    /// The answer broke the route's contract.
+    Contract,
+}
+
+/// How an attempt ended (SPEC section 5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Succeeded,
+    /// The provider certainly did not do the work.
+    Failed(&'static str),
+    /// idem cannot know whether the provider did the work.
+    Unknown(&'static str),
+}
+
+/// One finished answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub form: Form,
+    /// The complete body: the JSON document, or the whole SSE byte stream.
+    pub body: Bytes,
+    pub retry_after: Option<Duration>,
+    pub failure: Option<Failure>,
+    pub provider: Arc<str>,
+    pub model: Arc<str>,
+    pub created_at: SystemTime,
+    /// How long the upstream call took.
+    pub upstream_latency: Duration,
+    /// The TTL the result cache gave this answer (None: not cached).
+    pub cache_ttl: Option<Duration>,
+}
+
+impl Answer {
+    /// An answer idem writes itself when the provider gave none.
+    pub fn from_failure(
+        failure: Failure,
+        message: &str,
+        provider: Arc<str>,
+        model: Arc<str>,
+    ) -> Answer {
+        let (status, code) = match failure {
+            Failure::Connect => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
+            Failure::Timeout => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+            Failure::Broken => (StatusCode::BAD_GATEWAY, "upstream_connection_lost"),
+            Failure::LeaderLost => (StatusCode::BAD_GATEWAY, "leader_lost"),
+            Failure::Contract => (StatusCode::BAD_GATEWAY, "contract_violation"),
+        };
+        let body = error_body(message, "upstream_error", code, None);
+        Answer {
+            status,
+            form: Form::Plain,
+            body: Bytes::from(body.to_string()),
+            retry_after: None,
+            failure: Some(failure),
+            provider,
+            model,
+            created_at: SystemTime::now(),
+            upstream_latency: Duration::ZERO,
+            cache_ttl: None,
+        }
+    }
+
+    pub fn from_call_error(e: &CallError, provider: Arc<str>, model: Arc<str>) -> Answer {
+        let failure = match e {
+            CallError::Connect { .. } => Failure::Connect,
+            CallError::Timeout { .. } => Failure::Timeout,
+            CallError::Broken { .. } => Failure::Broken,
+        };
+        // The client sees which provider failed and how, never addresses.
+        let message = match failure {
+            Failure::Connect => format!("provider {provider} is unreachable"),
+            Failure::Timeout => format!("provider {provider} did not answer in time"),
+            _ => format!("the connection to provider {provider} was lost"),
+        };
+        Answer::from_failure(failure, &message, provider, model)
+    }
+
+    pub fn is_success(&self) -> bool {
+        self.failure.is_none() && self.status.is_success()
+    }
+
+    /// SPEC section 5's classification of an attempt's outcome.
+    pub fn verdict(&self) -> Verdict {
+        match self.failure {
+            Some(Failure::Connect) => return Verdict::Failed("connect_error"),
+            Some(Failure::Timeout) => return Verdict::Unknown("timeout"),
+            Some(Failure::Broken) => return Verdict::Unknown("connection_lost"),
+            Some(Failure::LeaderLost) => return Verdict::Unknown("leader_lost"),
+            Some(Failure::Contract) => return Verdict::Failed("contract_violation"),
+            None => {}
+        }
+        match self.status.as_u16() {
+            200..=299 => Verdict::Succeeded,
+            // An intermediary's 502/504 says nothing about the provider.
+            502 | 504 => Verdict::Unknown("intermediary_error"),
+            429 => Verdict::Failed("rate_limited"),
+            400..=499 => Verdict::Failed("request_rejected"),
+            _ => Verdict::Failed("provider_error"),
+        }
+    }
+
+    /// True for a 4xx the request itself caused: shared with the flight's
+    /// followers (their request is identical) but never cached.
+    pub fn is_request_error(&self) -> bool {
+        self.failure.is_none()
+            && self.status.is_client_error()
+            && self.status != StatusCode::TOO_MANY_REQUESTS
+    }
+
+    /// How long this failure is negatively cached, or `None` if it is not.
+    pub fn negative_ttl(&self, policy: &RouteCache) -> Option<Duration> {
+        if self.is_success() || self.is_request_error() {
+            return None;
+        }
+        let rate_limited = || {
+            let raised = self
+                .retry_after
+                .unwrap_or(Duration::ZERO)
+                .max(policy.rate_limit_ttl);
+            Some(raised.min(policy.rate_limit_ttl_max))
+        };
+        match self.failure {
+            Some(Failure::Timeout) => rate_limited(),
+            Some(Failure::Broken) | Some(Failure::Connect) => Some(policy.server_error_ttl),
+            // idem's own trouble is not the provider's: never cached.
+            Some(Failure::LeaderLost) | Some(Failure::Contract) => None,
+            None => match self.status.as_u16() {
+                429 | 504 => rate_limited(),
+                _ => Some(policy.server_error_ttl),
+            },
+        }
+    }
+
+    /// The body as a plain `chat.completion` JSON document.
+    pub fn plain_body(&self) -> Bytes {
+        match self.form {
+            Form::Plain => self.body.clone(),
+            Form::Stream => match crate::sse::assemble(&self.body) {
+                Ok(v) => Bytes::from(v.to_string()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot assemble a streamed answer");
+                    Bytes::from(
+                        error_body(
+                            "the provider's stream could not be assembled",
+                            "upstream_error",
+                            "bad_upstream_stream",
+                            None,
+                        )
+                        .to_string(),
+                    )
+                }
+            },
+        }
+    }
+
+    /// The body as an SSE stream (only meaningful for a success).
+    pub fn stream_body(&self, include_usage: bool) -> Bytes {
+        match self.form {
+            Form::Stream => self.body.clone(),
+            Form::Plain => match serde_json::from_slice::<serde_json::Value>(&self.body) {
+                Ok(v) => crate::sse::synthesize(&v, include_usage),
+                Err(_) => self.body.clone(),
+            },
+        }
+    }
+
+    /// The assistant content of the first choice, for contracts and logs.
+    pub fn completion_json(&self) -> Option<serde_json::Value> {
+        match self.form {
+            Form::Plain => serde_json::from_slice(&self.body).ok(),
+            Form::Stream => crate::sse::assemble(&self.body).ok(),
+        }
+    }
+
+    /// Token counts reported by the provider, if any.
+    pub fn usage(&self) -> Option<(u64, u64)> {
+        let v = self.completion_json()?;
+        let u = v.get("usage")?;
+        Some((
+            u.get("prompt_tokens")?.as_u64()?,
+            u.get("completion_tokens")?.as_u64()?,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, failure: Option<Failure>, retry: Option<u64>) -> Answer {
+        Answer {
+            status: StatusCode::from_u16(status).unwrap(),
+            form: Form::Plain,
+            body: Bytes::from_static(b"{}"),
+            retry_after: retry.map(Duration::from_secs),
+            failure,
+            provider: "p".into(),
+            model: "m".into(),
+            created_at: SystemTime::now(),
+            upstream_latency: Duration::ZERO,
+            cache_ttl: None,
+        }
+    }
+
+    #[test]
+    fn negative_cache_follows_the_spec_table() {
+        let p = RouteCache::default();
+        assert_eq!(answer(200, None, None).negative_ttl(&p), None);
+        assert_eq!(answer(400, None, None).negative_ttl(&p), None);
+        assert_eq!(answer(413, None, None).negative_ttl(&p), None);
+        assert_eq!(answer(422, None, None).negative_ttl(&p), None);
+        assert_eq!(
+            answer(429, None, None).negative_ttl(&p),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            answer(429, None, Some(5)).negative_ttl(&p),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            answer(429, None, Some(3600)).negative_ttl(&p),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            answer(504, Some(Failure::Timeout), None).negative_ttl(&p),
+            Some(Duration::from_secs(2))
+        );
+        for s in [500, 502, 503] {
+            assert_eq!(
+                answer(s, None, None).negative_ttl(&p),
+                Some(Duration::from_secs(10)),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            answer(502, Some(Failure::LeaderLost), None).negative_ttl(&p),
+            None
+        );
+    }
+
+    #[test]
+    fn timeouts_are_unknown_never_failed() {
+        assert_eq!(
+            answer(504, Some(Failure::Timeout), None).verdict(),
+            Verdict::Unknown("timeout")
+        );
+        assert_eq!(
+            answer(502, Some(Failure::Broken), None).verdict(),
+            Verdict::Unknown("connection_lost")
+        );
+        assert_eq!(
+            answer(502, None, None).verdict(),
+            Verdict::Unknown("intermediary_error")
+        );
+        assert_eq!(
+            answer(504, None, None).verdict(),
+            Verdict::Unknown("intermediary_error")
+        );
+        assert_eq!(
+            answer(502, Some(Failure::Connect), None).verdict(),
+            Verdict::Failed("connect_error")
+        );
+        assert_eq!(
+            answer(500, None, None).verdict(),
+            Verdict::Failed("provider_error")
+        );
+        assert_eq!(
+            answer(429, None, None).verdict(),
+            Verdict::Failed("rate_limited")
+        );
+        assert_eq!(
+            answer(400, None, None).verdict(),
+            Verdict::Failed("request_rejected")
+        );
+        assert_eq!(answer(200, None, None).verdict(), Verdict::Succeeded);
+    }
+}

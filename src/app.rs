@@ -1,0 +1,204 @@
+//! Start-up and shutdown: [`App::build`] turns a validated [`Config`] into a
+//! bound listener and a running gateway; [`App::run`] serves until the
+//! shutdown future resolves, then drains.
+//!
+//! Tests build an `App` on port 0 and read [`App::port`]; `main` does the
+//! same with the configured address.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cache::ResultCache;
+use crate::config::Config;
+use crate::flight::Coalescer;
+use crate::http::validate::Limits;
+use crate::http::{AppState, Shared, router};
+use crate::jobs::{Jobs, executor, reconciler};
+use crate::metrics::Metrics;
+use crate::providers::Providers;
+use crate::routes::Routes;
+use crate::tenants::Keyring;
+
+/// A gateway ready to serve.
+pub struct App {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl App {
+    /// Opens the store (running migrations), builds the providers and routes,
+    /// and binds the listener.
+    pub async fn build(config: Config) -> anyhow::Result<App> {
+        let addr = config.listen_addr()?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        App::with_listener(config, listener).await
+    }
+
+    /// Like [`App::build`] with a listener bound by the caller.
+    pub async fn with_listener(config: Config, listener: TcpListener) -> anyhow::Result<App> {
+        let config = Arc::new(config);
+        let store = crate::store::connect(&config.storage.url, config.storage.max_connections)
+            .await
+            .with_context(|| format!("cannot open storage {}", redact(&config.storage.url)))?;
+        let providers = Providers::from_config(&config)?;
+        let routes = Routes::from_config(&config, &providers)?;
+        let metrics = Arc::new(Metrics::new(&config));
+        let cache = Arc::new(ResultCache::new(config.coalescing.cache_capacity));
+        let coalescer = Coalescer::new(cache, metrics.clone());
+        let keyring = Keyring::from_config(&config);
+        if keyring.is_open() {
+            tracing::warn!(
+                "no [[tenants]] configured: every request is served as tenant \"{}\"",
+                crate::tenants::ANONYMOUS_TENANT
+            );
+        }
+        let limits = Limits {
+            max_body_bytes: config.server.max_body_bytes,
+            max_json_depth: config.server.max_json_depth,
+            max_messages: config.server.max_messages,
+        };
+        let jobs = Arc::new(Jobs::new(store.clone()));
+        let state = AppState(Arc::new(Shared {
+            config,
+            keyring,
+            routes,
+            providers,
+            coalescer,
+            metrics,
+            store,
+            jobs,
+            limits,
+        }));
+        Ok(App { listener, state })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, lets requests
+    /// in progress finish within `server.shutdown_grace`, and stops the
+    /// workers. Attempts that cannot finish are left to the reconciler of
+    /// the next start (they become `unknown`, never `failed`).
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let App { listener, state } = self;
+        let grace = state.config.server.shutdown_grace;
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+
+        reconciler::on_startup(&state).await;
+        executor::spawn(&state, &stop, &tracker);
+        tracker.spawn(reconciler::run(state.clone(), stop.clone()));
+
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, source = %state.config.source, "idem listening");
+        let server_stop = stop.clone();
+        let serve =
+            axum::serve(listener, router(state.clone())).with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down: no new connections");
+                server_stop.cancel();
+            });
+        let mut server = tokio::spawn(async move { serve.await });
+        // Wait for the signal (or a server failure), then give connections
+        // in progress their grace.
+        tokio::select! {
+            () = stop.cancelled() => {}
+            ended = &mut server => {
+                stop.cancel();
+                tracker.close();
+                return match ended {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(e).context("server error"),
+                    Err(e) => Err(e).context("server task failed"),
+                };
+            }
+        }
+        tracker.close();
+        let drained = tokio::time::timeout(grace, async {
+            let served = server.await;
+            tracker.wait().await;
+            served
+        })
+        .await;
+        match drained {
+            Ok(Ok(Ok(()))) => tracing::info!("stopped"),
+            Ok(Ok(Err(e))) => return Err(e).context("server error"),
+            Ok(Err(e)) => return Err(e).context("server task failed"),
+            Err(_) => tracing::warn!(
+                ?grace,
+                "shutdown grace ran out; unfinished attempts will be unknown"
+            ),
+        }
+        Ok(())
+    }
+}
+
+/// A storage URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{}:***{}", &url[..s + 3], user, &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact("postgres://idem:s3cret@db:5432/x"),
+            "postgres://idem:***@db:5432/x"
+        );
+        assert_eq!(redact("sqlite://idem.db"), "sqlite://idem.db");
+    }
+}

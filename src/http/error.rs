@@ -1,0 +1,201 @@
+//! The one place where an error becomes an HTTP answer: every failure a
+//! client can see is an [`ApiError`], rendered as the OpenAI error object
+//! `{"error": {"message", "type", "code", "param"}}` with its status.
+//!
+//! Internal failures keep their source chain for the log and show the
+//! client nothing but "internal error".
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// Every error a client can receive from idem.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("missing or invalid API key")]
+    Unauthorized,
+    #[error("this endpoint needs an admin key")]
+    AdminOnly,
+    #[error("this endpoint needs a tenant key, not an admin key")]
+    TenantOnly,
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        code: &'static str,
+        param: Option<String>,
+    },
+    #[error("request body larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("model `{0}` does not exist")]
+    ModelNotFound(String),
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{message}")]
+    Conflict { message: String, code: &'static str },
+    #[error("waited {waited:?} for an identical request in flight")]
+    WaitTimeout { waited: Duration, retry_after: u64 },
+    #[error("the job is still in progress")]
+    JobInProgress { job_id: String },
+    #[error("{message}")]
+    Upstream {
+        status: StatusCode,
+        message: String,
+        code: &'static str,
+        retry_after: Option<u64>,
+    },
+    #[error("too many requests")]
+    RateLimited { retry_after: u64 },
+    #[error("service unavailable: {0}")]
+    Unavailable(&'static str),
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn bad_request(
+        message: impl Into<String>,
+        code: &'static str,
+        param: Option<&str>,
+    ) -> Self {
+        ApiError::BadRequest {
+            message: message.into(),
+            code,
+            param: param.map(str::to_owned),
+        }
+    }
+
+    pub fn internal(e: impl Into<anyhow::Error>) -> Self {
+        ApiError::Internal(e.into())
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::AdminOnly | ApiError::TenantOnly => StatusCode::FORBIDDEN,
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::WaitTimeout { .. } | ApiError::JobInProgress { .. } => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
+            ApiError::Upstream { status, .. } => *status,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The OpenAI `type` and `code` fields.
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::Unauthorized => ("invalid_request_error", "invalid_api_key"),
+            ApiError::AdminOnly => ("permission_error", "admin_key_required"),
+            ApiError::TenantOnly => ("permission_error", "tenant_key_required"),
+            ApiError::BadRequest { code, .. } => ("invalid_request_error", code),
+            ApiError::PayloadTooLarge { .. } => ("invalid_request_error", "request_too_large"),
+            ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
+            ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
+            ApiError::Conflict { code, .. } => ("invalid_request_error", code),
+            ApiError::WaitTimeout { .. } => ("timeout_error", "coalesce_wait_timeout"),
+            ApiError::JobInProgress { .. } => ("timeout_error", "job_in_progress"),
+            ApiError::Upstream { code, .. } => ("upstream_error", code),
+            ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
+            ApiError::Unavailable(_) => ("server_error", "unavailable"),
+            ApiError::Internal(_) => ("server_error", "internal_error"),
+        }
+    }
+
+    fn param(&self) -> Option<&str> {
+        match self {
+            ApiError::BadRequest { param, .. } => param.as_deref(),
+            ApiError::ModelNotFound(_) => Some("model"),
+            _ => None,
+        }
+    }
+
+    fn headers(&self) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        let retry = match self {
+            ApiError::WaitTimeout { retry_after, .. } | ApiError::RateLimited { retry_after } => {
+                Some(*retry_after)
+            }
+            ApiError::Upstream { retry_after, .. } => *retry_after,
+            _ => None,
+        };
+        if let Some(secs) = retry {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let ApiError::JobInProgress { job_id } = self
+            && let Ok(v) = HeaderValue::from_str(job_id)
+        {
+            h.insert(HeaderName::from_static("idem-job-id"), v);
+        }
+        if matches!(self, ApiError::Unauthorized) {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        h
+    }
+}
+
+/// Renders an OpenAI error object.
+pub fn error_body(message: &str, kind: &str, code: &str, param: Option<&str>) -> serde_json::Value {
+    json!({"error": {"message": message, "type": kind, "code": code, "param": param}})
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if let ApiError::Internal(e) = &self {
+            tracing::error!(error = format!("{e:#}"), "internal error");
+        }
+        let (kind, code) = self.kind();
+        let body = error_body(&self.to_string(), kind, code, self.param());
+        (status, self.headers(), axum::Json(body)).into_response()
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        match e {
+            crate::store::StoreError::Unavailable(_) => {
+                tracing::error!(error = format!("{e:#}"), "store unavailable");
+                ApiError::Unavailable("storage")
+            }
+            other => ApiError::Internal(other.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn internal_details_never_reach_the_client() {
+        let err = ApiError::internal(anyhow::anyhow!("password=hunter2 at db.internal:5432"));
+        let resp = err.into_response();
+        assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        assert!(!text.contains("hunter2"), "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], "internal_error");
+        assert_eq!(v["error"]["type"], "server_error");
+    }
+
+    #[tokio::test]
+    async fn wait_timeout_carries_retry_after() {
+        let resp = ApiError::WaitTimeout {
+            waited: Duration::from_secs(1),
+            retry_after: 3,
+        }
+        .into_response();
+        assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
+    }
+}

@@ -1,0 +1,381 @@
+//! The jobs API (SPEC section 5): create with an `Idempotency-Key`, read,
+//! list, retry, resolve (admin) and cancel. Every lookup is scoped to the
+//! caller's tenant: another tenant's job is 404, never 403.
+
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::openai::{content_length, fingerprint_of};
+use super::validate;
+use super::{AppState, Caller};
+use crate::jobs::{IDEM_JOB_ID, IDEMPOTENT_REPLAYED, idempotency_key, job_json};
+use crate::store::{AttemptState, Completion, Cursor, JobRecord, JobState, now_ms};
+
+/// Job ids are UUIDs; anything else cannot name a job.
+fn check_id(id: &str) -> Result<(), ApiError> {
+    if id.len() == 36 && uuid::Uuid::parse_str(id).is_ok() {
+        Ok(())
+    } else {
+        Err(ApiError::NotFound("job"))
+    }
+}
+
+async fn load(app: &AppState, tenant: &str, id: &str) -> Result<JobRecord, ApiError> {
+    check_id(id)?;
+    app.store
+        .job(Some(tenant), id)
+        .await?
+        .ok_or(ApiError::NotFound("job"))
+}
+
+async fn with_attempts(app: &AppState, job: &JobRecord) -> Result<Value, ApiError> {
+    let attempts = app.store.attempts(&job.id).await?;
+    Ok(job_json(job, Some(&attempts)))
+}
+
+/// `POST /v1/jobs`: `{"request": <chat completion body>, "metadata": {...}}`.
+pub async fn create(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let tenant = caller.tenant()?;
+    let key = idempotency_key(&headers)?.ok_or_else(|| {
+        ApiError::bad_request(
+            "POST /v1/jobs needs an Idempotency-Key header",
+            "idempotency_key_missing",
+            Some("Idempotency-Key"),
+        )
+    })?;
+    let bytes =
+        validate::read_body(body, content_length(&headers), app.limits.max_body_bytes).await?;
+    let mut outer = validate::parse_object(&bytes, app.limits.max_json_depth)?;
+    let request = match outer.remove("request") {
+        Some(Value::Object(r)) => r,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`request` must be an object",
+                "invalid_type",
+                Some("request"),
+            ));
+        }
+        None => {
+            return Err(ApiError::bad_request(
+                "`request` (a chat completion body) is required",
+                "missing_required_parameter",
+                Some("request"),
+            ));
+        }
+    };
+    let metadata = match outer.remove("metadata") {
+        None | Some(Value::Null) => None,
+        Some(m @ Value::Object(_)) => Some(m),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`metadata` must be an object",
+                "invalid_type",
+                Some("metadata"),
+            ));
+        }
+    };
+    if let Some(extra) = outer.keys().next() {
+        return Err(ApiError::bad_request(
+            format!("unknown field `{extra}`"),
+            "unknown_parameter",
+            Some(extra),
+        ));
+    }
+    let req = validate::chat_request(request, &app.limits)?;
+    let route = app
+        .routes
+        .get(&req.model)
+        .ok_or_else(|| ApiError::ModelNotFound(req.model.clone()))?
+        .clone();
+    let fp = fingerprint_of(&tenant, &route, &req, &headers);
+    let created = app
+        .jobs
+        .create(&tenant, &route, &req, &fp, metadata.as_ref(), &key)
+        .await?;
+    let status = if created.new {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let body = with_attempts(&app, &created.job).await?;
+    let mut resp = (status, Json(body)).into_response();
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&created.job.id) {
+        h.insert(IDEM_JOB_ID, v);
+    }
+    if !created.new {
+        h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    tracing::info!(
+        target: "idem::request",
+        tenant = %tenant,
+        route = %route.name,
+        fingerprint = %fp,
+        job = %created.job.id,
+        outcome = if created.new { "created" } else { "replay" },
+        status = status.as_u16(),
+        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+    );
+    Ok(resp)
+}
+
+/// `GET /v1/jobs/{id}`.
+pub async fn get(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = caller.tenant()?;
+    let job = load(&app, &tenant, &id).await?;
+    Ok(Json(with_attempts(&app, &job).await?))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    state: Option<String>,
+    limit: Option<u32>,
+    after: Option<String>,
+}
+
+fn parse_cursor(text: &str) -> Option<Cursor> {
+    let (at, id) = text.split_once('_')?;
+    check_id(id).ok()?;
+    Some(Cursor {
+        created_at: at.parse().ok()?,
+        id: id.to_string(),
+    })
+}
+
+/// `GET /v1/jobs?state=...&limit=...&after=...`: newest first.
+pub async fn list(
+    State(app): State<AppState>,
+    caller: Caller,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = caller.tenant()?;
+    let state = match q.state.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            ApiError::bad_request(
+                "`state` must be queued, running, succeeded, failed or cancelled",
+                "invalid_value",
+                Some("state"),
+            )
+        })?),
+    };
+    let limit = q.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "`limit` must be 1..=100",
+            "invalid_value",
+            Some("limit"),
+        ));
+    }
+    let cursor = match q.after.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(parse_cursor(c).ok_or_else(|| {
+            ApiError::bad_request("invalid cursor", "invalid_value", Some("after"))
+        })?),
+    };
+    let mut jobs = app
+        .store
+        .list_jobs(&tenant, state, cursor.as_ref(), limit + 1)
+        .await?;
+    let has_more = jobs.len() > limit as usize;
+    jobs.truncate(limit as usize);
+    let next = if has_more {
+        jobs.last().map(|j| format!("{}_{}", j.created_at, j.id))
+    } else {
+        None
+    };
+    let data: Vec<Value> = jobs.iter().map(|j| job_json(j, None)).collect();
+    Ok(Json(
+        json!({"object": "list", "data": data, "has_more": has_more, "next_cursor": next}),
+    ))
+}
+
+/// `POST /v1/jobs/{id}/attempts`: a manual retry. Refused while any attempt
+/// is `starting`, `running` or `unknown`.
+pub async fn retry(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let tenant = caller.tenant()?;
+    let job = load(&app, &tenant, &id).await?;
+    if job.state.is_final() {
+        return Err(ApiError::Conflict {
+            message: format!(
+                "the job is {}; it takes no more attempts",
+                job.state.as_str()
+            ),
+            code: "job_completed",
+        });
+    }
+    let attempts = app.store.attempts(&job.id).await?;
+    if attempts.iter().any(|a| a.state.is_active())
+        || matches!(job.state, JobState::Queued | JobState::Running)
+    {
+        return Err(ApiError::Conflict {
+            message: "an attempt of this job is starting, running or unknown; resolve it first"
+                .into(),
+            code: "attempt_in_progress",
+        });
+    }
+    // failed -> queued, atomically guarded in the store.
+    if !app
+        .store
+        .requeue(&job.id, None, now_ms(), true, now_ms())
+        .await?
+    {
+        return Err(ApiError::Conflict {
+            message: "an attempt of this job is starting, running or unknown; resolve it first"
+                .into(),
+            code: "attempt_in_progress",
+        });
+    }
+    app.jobs.wake();
+    let job = load(&app, &tenant, &id).await?;
+    Ok((StatusCode::ACCEPTED, Json(with_attempts(&app, &job).await?)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resolution {
+    outcome: String,
+    #[serde(default)]
+    result: Option<Value>,
+}
+
+/// `POST /v1/jobs/{id}/attempts/{n}/resolve` (admin key): settles an
+/// `unknown` attempt out of band.
+pub async fn resolve(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((id, n)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_admin()?;
+    check_id(&id)?;
+    let n: i32 = n.parse().map_err(|_| ApiError::NotFound("attempt"))?;
+    let bytes =
+        validate::read_body(body, content_length(&headers), app.limits.max_body_bytes).await?;
+    let res: Resolution = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(format!("invalid resolution: {e}"), "invalid_json", None)
+    })?;
+    let job = app
+        .store
+        .job(None, &id)
+        .await?
+        .ok_or(ApiError::NotFound("job"))?;
+    let attempt = app
+        .store
+        .attempts(&id)
+        .await?
+        .into_iter()
+        .find(|a| a.n == n)
+        .ok_or(ApiError::NotFound("attempt"))?;
+    if attempt.state != AttemptState::Unknown {
+        return Err(ApiError::Conflict {
+            message: format!("attempt {n} is {}, not unknown", attempt.state.as_str()),
+            code: "attempt_not_unknown",
+        });
+    }
+    let now = now_ms();
+    match res.outcome.as_str() {
+        "failed" | "cancelled" => {
+            let to = if res.outcome == "failed" {
+                AttemptState::Failed
+            } else {
+                AttemptState::Cancelled
+            };
+            if !app
+                .store
+                .finish_attempt(&id, n, to, Some("resolved"), now)
+                .await?
+            {
+                return Err(ApiError::Conflict {
+                    message: format!("attempt {n} changed meanwhile"),
+                    code: "attempt_not_unknown",
+                });
+            }
+            let why = format!("attempt {n} was unknown and resolved as {}", res.outcome);
+            app.store.fail_job(&id, &why, now).await?;
+        }
+        "succeeded" => {
+            let result = res.result.ok_or_else(|| {
+                ApiError::bad_request(
+                    "`result` is required to resolve as succeeded",
+                    "missing_required_parameter",
+                    Some("result"),
+                )
+            })?;
+            match app
+                .store
+                .complete(&id, n, attempt.read_version, &result.to_string(), now)
+                .await?
+            {
+                Completion::Won(_) => {}
+                Completion::Lost => {
+                    return Err(ApiError::Conflict {
+                        message: "the job was completed or changed by something else; the result was discarded".into(),
+                        code: "job_completed",
+                    });
+                }
+            }
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "`outcome` must be failed, cancelled or succeeded",
+                "invalid_value",
+                Some("outcome"),
+            ));
+        }
+    }
+    tracing::warn!(job = %id, attempt = n, outcome = %res.outcome, route = %job.route, "attempt resolved out of band");
+    app.jobs.changed(&id);
+    let job = app
+        .store
+        .job(None, &id)
+        .await?
+        .ok_or(ApiError::NotFound("job"))?;
+    Ok(Json(with_attempts(&app, &job).await?))
+}
+
+/// `POST /v1/jobs/{id}/cancel`.
+pub async fn cancel(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = caller.tenant()?;
+    check_id(&id)?;
+    let job = app
+        .store
+        .cancel_job(&tenant, &id, now_ms())
+        .await?
+        .ok_or(ApiError::NotFound("job"))?;
+    if job.state == JobState::Succeeded {
+        return Err(ApiError::Conflict {
+            message: "the job already succeeded".into(),
+            code: "job_completed",
+        });
+    }
+    app.jobs.changed(&id);
+    Ok(Json(with_attempts(&app, &job).await?))
+}

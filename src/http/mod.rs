@@ -1,0 +1,134 @@
+//! The HTTP surface: the router, the shared state handlers see, and the
+//! caller's identity. Handlers live in one file per area: `openai` (chat
+//! completions, models), `jobs` (the jobs API), `ops` (health, metrics,
+//! stats); `error` renders every failure, `validate` checks bodies.
+
+pub mod error;
+pub mod jobs;
+pub mod openai;
+pub mod ops;
+pub mod validate;
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::config::Config;
+use crate::flight::Coalescer;
+use crate::jobs::Jobs;
+use crate::metrics::Metrics;
+use crate::providers::Providers;
+use crate::routes::Routes;
+use crate::store::Store;
+use crate::tenants::{Keyring, Principal};
+use error::ApiError;
+use validate::Limits;
+
+/// Everything a handler may use: cheap handles, no global lock.
+pub struct Shared {
+    pub config: Arc<Config>,
+    pub keyring: Keyring,
+    pub routes: Routes,
+    pub providers: Providers,
+    pub coalescer: Coalescer,
+    pub metrics: Arc<Metrics>,
+    pub store: Arc<dyn Store>,
+    pub jobs: Arc<Jobs>,
+    pub limits: Limits,
+}
+
+#[derive(Clone)]
+pub struct AppState(pub Arc<Shared>);
+
+impl Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The authenticated caller.
+pub struct Caller(pub Principal);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let auth = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        state
+            .keyring
+            .authenticate(auth)
+            .map(Caller)
+            .ok_or(ApiError::Unauthorized)
+    }
+}
+
+impl Caller {
+    /// The tenant, or 403 for an admin key on a tenant endpoint.
+    pub fn tenant(&self) -> Result<Arc<str>, ApiError> {
+        match &self.0 {
+            Principal::Tenant(t) => Ok(t.clone()),
+            Principal::Admin => Err(ApiError::TenantOnly),
+        }
+    }
+
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        match self.0 {
+            Principal::Admin => Ok(()),
+            Principal::Tenant(_) => Err(ApiError::AdminOnly),
+        }
+    }
+}
+
+/// The router of one gateway.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/chat/completions", post(openai::chat_completions))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/jobs", post(jobs::create).get(jobs::list))
+        .route("/v1/jobs/{id}", get(jobs::get))
+        .route("/v1/jobs/{id}/attempts", post(jobs::retry))
+        .route("/v1/jobs/{id}/attempts/{n}/resolve", post(jobs::resolve))
+        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/v1/stats", get(ops::stats))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(CatchPanicLayer::custom(panic_response))
+        .with_state(state)
+}
+
+async fn not_found(State(_): State<AppState>) -> ApiError {
+    ApiError::NotFound("route")
+}
+
+async fn method_not_allowed() -> Response {
+    let body = error::error_body(
+        "method not allowed",
+        "invalid_request_error",
+        "method_not_allowed",
+        None,
+    );
+    (StatusCode::METHOD_NOT_ALLOWED, axum::Json(body)).into_response()
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("a handler panicked");
+    ApiError::internal(anyhow::anyhow!("handler panicked")).into_response()
+}

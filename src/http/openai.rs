@@ -1,0 +1,377 @@
+//! The OpenAI-compatible endpoints: `POST /v1/chat/completions` and
+//! `GET /v1/models`.
+//!
+//! The chat handler is the request path of SPEC section 2, one stage per
+//! line: auth -> parse & validate -> route -> [Idempotency-Key? -> job] ->
+//! fingerprint -> cache -> flight -> provider. Everything after the
+//! fingerprint is [`Coalescer::obtain`](crate::flight::Coalescer::obtain);
+//! this file only turns its [`Delivery`] into an HTTP answer in the form the
+//! client asked for.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use serde_json::json;
+
+use super::error::ApiError;
+use super::validate::{self, ChatRequest};
+use super::{AppState, Caller};
+use crate::answer::{Answer, Form};
+use crate::fingerprint::{self, Fingerprint, Rules};
+use crate::flight::{Ask, Delivery, Flight, Source};
+use crate::metrics::Outcome;
+use crate::routes::Route;
+
+pub const IDEM_OUTCOME: HeaderName = HeaderName::from_static("idem-outcome");
+pub const IDEM_FINGERPRINT: HeaderName = HeaderName::from_static("idem-fingerprint");
+pub const IDEM_PROVIDER: HeaderName = HeaderName::from_static("idem-provider");
+pub const IDEM_CACHE_TTL: HeaderName = HeaderName::from_static("idem-cache-ttl-ms");
+pub const IDEM_WAIT: HeaderName = HeaderName::from_static("idem-wait-ms");
+pub const IDEM_STALE: HeaderName = HeaderName::from_static("idem-stale");
+pub const IDEM_USER: &str = "idem-user";
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let tenant = caller.tenant()?;
+    let req = read_chat_request(&app, &headers, body).await?;
+    let route = app
+        .routes
+        .get(&req.model)
+        .ok_or_else(|| ApiError::ModelNotFound(req.model.clone()))?
+        .clone();
+    let fp = fingerprint_of(&tenant, &route, &req, &headers);
+    if let Some(key) = crate::jobs::idempotency_key(&headers)? {
+        return app
+            .jobs
+            .chat(&app, &tenant, &route, req, fp, key, started)
+            .await;
+    }
+    let policy = CachePolicy::from_headers(&headers);
+    let cfg = &route.config;
+    let ask = Ask {
+        tenant: &tenant,
+        route: &route,
+        fp,
+        body: &req.body,
+        read_cache: cfg.cache.enabled && policy.read,
+        write_cache: policy.write,
+        coalesce: cfg.coalesce.enabled && policy.coalesce,
+        only_target: None,
+        max_wait: None,
+    };
+    let delivery = match app.coalescer.obtain(&ask).await {
+        Ok(d) => d,
+        Err(e) => {
+            let mut resp = e.into_response();
+            decorate(resp.headers_mut(), Outcome::Follower, &fp, None);
+            log_request(
+                &tenant,
+                &route,
+                &fp,
+                "follower",
+                resp.status(),
+                started,
+                None,
+            );
+            return Ok(resp);
+        }
+    };
+    app.metrics.request(&tenant, &route.name, delivery.outcome);
+    let resp = respond(&delivery, &fp, req.stream, req.include_usage).await;
+    log_request(
+        &tenant,
+        &route,
+        &fp,
+        delivery.outcome.as_str(),
+        resp.status(),
+        started,
+        match &delivery.source {
+            Source::Done(a) => Some(a.clone()),
+            Source::Live(f) => f.answer(),
+        },
+    );
+    Ok(resp)
+}
+
+/// Reads and validates a chat completion body.
+pub async fn read_chat_request(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<ChatRequest, ApiError> {
+    let bytes =
+        validate::read_body(body, content_length(headers), app.limits.max_body_bytes).await?;
+    let object = validate::parse_object(&bytes, app.limits.max_json_depth)?;
+    validate::chat_request(object, &app.limits)
+}
+
+pub fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The fingerprint of a request under its route's rules.
+pub fn fingerprint_of(
+    tenant: &str,
+    route: &Route,
+    req: &ChatRequest,
+    headers: &HeaderMap,
+) -> Fingerprint {
+    let user = headers.get(IDEM_USER).and_then(|v| v.to_str().ok());
+    let rules = Rules {
+        tenant,
+        route: &route.name,
+        targets: route.target_configs(),
+        normalize: route.config.normalize,
+        scope: route.config.scope,
+        ignore_fields: &route.config.ignore_fields,
+    };
+    fingerprint::fingerprint(&req.body, user, &rules)
+}
+
+/// What `Cache-Control` allows for this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachePolicy {
+    pub read: bool,
+    pub write: bool,
+    pub coalesce: bool,
+}
+
+impl CachePolicy {
+    /// `no-cache`: skip reading the result cache (still coalesces, still
+    /// stores the fresh answer); `no-store`: no cache and no coalescing.
+    pub fn from_headers(headers: &HeaderMap) -> CachePolicy {
+        let mut p = CachePolicy {
+            read: true,
+            write: true,
+            coalesce: true,
+        };
+        for value in headers.get_all(header::CACHE_CONTROL) {
+            let Ok(v) = value.to_str() else { continue };
+            for directive in v.split(',').map(|d| d.trim().to_ascii_lowercase()) {
+                match directive.as_str() {
+                    "no-cache" => p.read = false,
+                    "no-store" => {
+                        p.read = false;
+                        p.write = false;
+                        p.coalesce = false;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        p
+    }
+}
+
+/// Turns a delivery into the HTTP answer the client asked for.
+pub async fn respond(
+    d: &Delivery,
+    fp: &Fingerprint,
+    wants_stream: bool,
+    include_usage: bool,
+) -> Response {
+    let mut resp = match &d.source {
+        Source::Live(flight) if wants_stream && flight_streams(flight).await => {
+            live_response(flight.clone())
+        }
+        _ => render(&*d.answer().await, wants_stream, include_usage),
+    };
+    let answer = match &d.source {
+        Source::Done(a) => Some(a.clone()),
+        Source::Live(f) => f.answer(),
+    };
+    decorate(resp.headers_mut(), d.outcome, fp, answer.as_deref());
+    let h = resp.headers_mut();
+    if let Some(w) = d.waited {
+        h.insert(
+            IDEM_WAIT,
+            HeaderValue::from(u64::try_from(w.as_millis()).unwrap_or(u64::MAX)),
+        );
+    }
+    if let Some(age) = d.cache_age {
+        h.insert(header::AGE, HeaderValue::from(age.as_secs()));
+    }
+    if d.stale {
+        h.insert(IDEM_STALE, HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+async fn flight_streams(flight: &Flight) -> bool {
+    flight
+        .head(None)
+        .await
+        .is_some_and(|h| h.form == Form::Stream && h.status.is_success())
+}
+
+/// The `Idem-*` headers every chat completion answer carries.
+pub fn decorate(h: &mut HeaderMap, outcome: Outcome, fp: &Fingerprint, answer: Option<&Answer>) {
+    h.insert(IDEM_OUTCOME, HeaderValue::from_static(outcome.as_str()));
+    if let Ok(v) = HeaderValue::from_str(&fp.to_string()) {
+        h.insert(IDEM_FINGERPRINT, v);
+    }
+    if let Some(a) = answer {
+        if let Ok(v) = HeaderValue::from_str(&a.provider) {
+            h.insert(IDEM_PROVIDER, v);
+        }
+        if let Some(ttl) = a.cache_ttl {
+            h.insert(
+                IDEM_CACHE_TTL,
+                HeaderValue::from(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+            );
+        }
+    }
+}
+
+/// A finished answer in the requested form.
+pub fn render(answer: &Answer, wants_stream: bool, include_usage: bool) -> Response {
+    let mut resp = if !answer.is_success() {
+        // Errors are JSON whatever the client asked for, as OpenAI does.
+        let mut r = Response::new(Body::from(answer.body.clone()));
+        *r.status_mut() = answer.status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(ra) = answer.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(ra.as_secs()));
+        }
+        r
+    } else if wants_stream {
+        sse_response(Body::from(answer.stream_body(include_usage)))
+    } else {
+        let mut r = Response::new(Body::from(answer.plain_body()));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    if answer.is_success() {
+        *resp.status_mut() = StatusCode::OK;
+    }
+    resp
+}
+
+fn sse_response(body: Body) -> Response {
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Relays a streaming flight: everything buffered so far, then live.
+fn live_response(flight: Arc<Flight>) -> Response {
+    let rx = flight.subscribe();
+    let stream = futures_util::stream::unfold(
+        (flight, rx, 0usize, false),
+        |(flight, mut rx, next, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                let (chunks, done) = flight.chunks_from(next);
+                if !chunks.is_empty() {
+                    let n = chunks.len();
+                    let bytes = concat(chunks);
+                    return Some((Ok::<_, Infallible>(bytes), (flight, rx, next + n, false)));
+                }
+                if let Some(answer) = done {
+                    if answer.failure.is_some() {
+                        // The stream broke after it began: tell the client in
+                        // the stream, as providers do, instead of a silent cut.
+                        let event = Bytes::from(format!(
+                            "data: {}\n\n",
+                            String::from_utf8_lossy(&answer.body)
+                        ));
+                        return Some((Ok(event), (flight, rx, next, true)));
+                    }
+                    return None;
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        },
+    );
+    sse_response(Body::from_stream(stream))
+}
+
+fn concat(chunks: Vec<Bytes>) -> Bytes {
+    if chunks.len() == 1 {
+        return chunks.into_iter().next().unwrap_or_default();
+    }
+    let mut buf = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+    for c in chunks {
+        buf.extend_from_slice(&c);
+    }
+    buf.freeze()
+}
+
+/// One structured line per request (contents and keys never included).
+pub fn log_request(
+    tenant: &str,
+    route: &Route,
+    fp: &Fingerprint,
+    outcome: &str,
+    status: StatusCode,
+    started: Instant,
+    answer: Option<Arc<Answer>>,
+) {
+    let (upstream_ms, prompt_tokens, completion_tokens) = match answer.as_deref() {
+        Some(a) => {
+            let (p, c) = a.usage().unwrap_or((0, 0));
+            (a.upstream_latency.as_secs_f64() * 1000.0, p, c)
+        }
+        None => (0.0, 0, 0),
+    };
+    tracing::info!(
+        target: "idem::request",
+        tenant,
+        route = %route.name,
+        fingerprint = %fp,
+        outcome,
+        status = status.as_u16(),
+        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+        upstream_ms,
+        prompt_tokens,
+        completion_tokens,
+    );
+}
+
+/// `GET /v1/models`: the routes' public model names.
+pub async fn models(
+    State(app): State<AppState>,
+    caller: Caller,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    caller.tenant()?;
+    let data: Vec<_> = app
+        .routes
+        .iter()
+        .map(
+            |r| json!({"id": r.name.as_ref(), "object": "model", "created": 0, "owned_by": "idem"}),
+        )
+        .collect();
+    Ok(Json(json!({"object": "list", "data": data})))
+}

@@ -1,0 +1,508 @@
+//! The executor: workers that claim queued jobs and run their attempts.
+//!
+//! A worker claims one job at a time (the store hands each queued job to
+//! exactly one claimer), then makes attempts until one completes the job,
+//! the budget `attempts.max` runs out, or an attempt ends `unknown`, which
+//! holds the job (SPEC section 5: a timeout is never a failure). Each
+//! attempt goes through the coalescing layer on one target, so two jobs with
+//! the same payload still make one upstream call.
+//!
+//! With `attempts.hedge_after`, a second attempt starts on the next allowed
+//! target while the first is still in flight; whichever finishes first
+//! completes the job by compare-and-swap, and the other is discarded.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde_json::{Map, Value};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::answer::{Answer, Verdict};
+use crate::fingerprint::Fingerprint;
+use crate::flight::{Ask, Source};
+use crate::http::AppState;
+use crate::http::error::ApiError;
+use crate::routes::Route;
+use crate::store::{AttemptRecord, AttemptState, Completion, JobRecord, StartAttempt, now_ms};
+
+/// How an attempt ended, as far as the worker is concerned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptEnd {
+    /// This attempt completed the job.
+    Won,
+    /// Another attempt completed the job first; this one is discarded.
+    Lost,
+    /// The provider certainly did not do the work.
+    Failed(String),
+    /// idem cannot know; the job is held until the attempt is resolved.
+    Unknown(String),
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Starts this replica's workers.
+pub fn spawn(app: &AppState, shutdown: &CancellationToken, tracker: &TaskTracker) {
+    for _ in 0..app.config.jobs.workers {
+        tracker.spawn(worker(app.clone(), shutdown.clone()));
+    }
+}
+
+async fn worker(app: AppState, shutdown: CancellationToken) {
+    let cfg = &app.config.jobs;
+    loop {
+        while !shutdown.is_cancelled() {
+            let now = now_ms();
+            let claimed = app
+                .jobs
+                .store
+                .claim_jobs(&app.jobs.worker_id, now, now + ms(cfg.claim_lease), 1)
+                .await;
+            match claimed {
+                Ok(jobs) => match jobs.into_iter().next() {
+                    Some(job) => run_job(&app, job).await,
+                    None => break,
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot claim jobs");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = app.jobs.woken() => {}
+            () = tokio::time::sleep(cfg.poll_interval) => {}
+        }
+    }
+}
+
+/// The targets automatic attempts may use, in order. The primary is the
+/// operator's choice; the others are failover targets.
+pub fn allowed_targets(_app: &AppState, route: &Route) -> Vec<usize> {
+    route.targets.iter().map(|t| t.index).collect()
+}
+
+/// Runs one claimed job until it is completed, held, or out of attempts.
+async fn run_job(app: &AppState, job: JobRecord) {
+    let store = &app.jobs.store;
+    let job_id = job.id.as_str();
+    let fail = |reason: String| async move {
+        if let Err(e) = app.jobs.store.fail_job(job_id, &reason, now_ms()).await {
+            tracing::error!(job = %job_id, error = %e, "cannot fail job");
+        }
+        app.jobs.changed(job_id);
+    };
+    let Some(route) = app.routes.get(&job.route).cloned() else {
+        fail(format!("route {} is no longer configured", job.route)).await;
+        return;
+    };
+    let (Ok(Value::Object(request)), Ok(fp)) = (
+        serde_json::from_str::<Value>(&job.request),
+        job.fingerprint.parse::<Fingerprint>(),
+    ) else {
+        fail("the stored request cannot be read".into()).await;
+        return;
+    };
+    let request = Arc::new(request);
+
+    // Keep the claim while this worker runs the job.
+    let _claim = {
+        let store = store.clone();
+        let (id, worker) = (job.id.clone(), app.jobs.worker_id.clone());
+        let lease = app.config.jobs.claim_lease;
+        AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(lease / 3);
+            loop {
+                tick.tick().await;
+                let _ = store.renew_claim(&id, &worker, now_ms() + ms(lease)).await;
+            }
+        }))
+    };
+
+    let policy = &route.config.attempts;
+    let allowed = allowed_targets(app, &route);
+    let mut last = String::from("no attempt was made");
+    for i in 0..policy.max {
+        let target = allowed[i as usize % allowed.len()];
+        let hedge = policy.hedge_after.and_then(|after| {
+            allowed
+                .iter()
+                .copied()
+                .find(|t| *t != target)
+                .map(|t| (after, t))
+        });
+        match run_round(app, &job, &route, &request, fp, target, hedge).await {
+            Round::Completed | Round::Held | Round::Closed => {
+                app.jobs.changed(&job.id);
+                return;
+            }
+            Round::Failed(reason) => last = reason,
+        }
+        if i + 1 < policy.max {
+            tokio::time::sleep(backoff(policy.backoff_base, policy.backoff_max, i)).await;
+        }
+    }
+    fail(format!("all {} attempts failed; last: {last}", policy.max)).await;
+}
+
+/// Exponential backoff with full jitter: uniform in [0, min(max, base * 2^i)].
+pub fn backoff(base: Duration, max: Duration, i: u32) -> Duration {
+    let ceiling = base.saturating_mul(1u32 << i.min(20)).min(max);
+    ceiling.mul_f64(rand::rng().random_range(0.0..=1.0))
+}
+
+enum Round {
+    Completed,
+    Held,
+    Closed,
+    Failed(String),
+}
+
+/// One attempt, plus a hedge if the first is still in flight after
+/// `hedge_after`.
+async fn run_round(
+    app: &AppState,
+    job: &JobRecord,
+    route: &Arc<Route>,
+    request: &Arc<Map<String, Value>>,
+    fp: Fingerprint,
+    target: usize,
+    hedge: Option<(Duration, usize)>,
+) -> Round {
+    let first = match start(app, job, route, request, fp, target, false).await {
+        Ok(rx) => rx,
+        Err(round) => return round,
+    };
+    let Some((after, hedge_target)) = hedge else {
+        return round_of(&[first.await.ok()]);
+    };
+    let mut first = first;
+    let early = tokio::select! {
+        end = &mut first => Some(end.ok()),
+        () = tokio::time::sleep(after) => None,
+    };
+    if let Some(end) = early {
+        return round_of(&[end]);
+    }
+    tracing::info!(job = %job.id, route = %route.name, "first attempt still in flight: hedging");
+    let second = match start(app, job, route, request, fp, hedge_target, true).await {
+        Ok(rx) => rx,
+        // Could not hedge (job closed meanwhile): wait for the first.
+        Err(_) => return round_of(&[first.await.ok()]),
+    };
+    // The first attempt to complete the job ends the round; a failure
+    // waits for the other attempt.
+    let mut second = second;
+    let (end, other) = tokio::select! {
+        e = &mut first => (e.ok(), second),
+        e = &mut second => (e.ok(), first),
+    };
+    if matches!(end, Some(AttemptEnd::Won) | Some(AttemptEnd::Lost)) {
+        return Round::Completed;
+    }
+    let end2 = other.await.ok();
+    round_of(&[end, end2])
+}
+
+fn round_of(ends: &[Option<AttemptEnd>]) -> Round {
+    if ends
+        .iter()
+        .any(|e| matches!(e, Some(AttemptEnd::Won) | Some(AttemptEnd::Lost)))
+    {
+        return Round::Completed;
+    }
+    if ends
+        .iter()
+        .any(|e| matches!(e, Some(AttemptEnd::Unknown(_)) | None))
+    {
+        return Round::Held;
+    }
+    let reason = ends
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            Some(AttemptEnd::Failed(r)) => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    Round::Failed(reason)
+}
+
+/// Writes the attempt row, then runs the attempt in its own task (it may
+/// outlive the round: a hedge's loser finishes and is discarded, an unknown
+/// attempt keeps listening for a late answer).
+async fn start(
+    app: &AppState,
+    job: &JobRecord,
+    route: &Arc<Route>,
+    request: &Arc<Map<String, Value>>,
+    fp: Fingerprint,
+    target: usize,
+    hedge: bool,
+) -> Result<oneshot::Receiver<AttemptEnd>, Round> {
+    let Some(t) = route.targets.get(target) else {
+        return Err(Round::Failed("no such target".into()));
+    };
+    let now = now_ms();
+    let lease = app.config.jobs.attempt_lease;
+    let started = app
+        .jobs
+        .store
+        .start_attempt(
+            &job.id,
+            &t.provider.name,
+            &t.model,
+            hedge,
+            &app.jobs.worker_id,
+            now,
+            now + ms(lease),
+        )
+        .await;
+    let attempt = match started {
+        Ok(StartAttempt::Started(a)) => a,
+        Ok(StartAttempt::Busy) => return Err(Round::Held),
+        Ok(StartAttempt::Closed) => return Err(Round::Closed),
+        Err(e) => {
+            tracing::error!(job = %job.id, error = %e, "cannot start an attempt");
+            return Err(Round::Held);
+        }
+    };
+    tracing::info!(job = %job.id, attempt = attempt.n, provider = %t.provider.name, hedge, "attempt started");
+    let (tx, rx) = oneshot::channel();
+    let ctx = AttemptCtx {
+        app: app.clone(),
+        tenant: Arc::from(job.tenant.as_str()),
+        route: route.clone(),
+        request: request.clone(),
+        fp,
+        target,
+        attempt,
+    };
+    tokio::spawn(ctx.run(tx));
+    Ok(rx)
+}
+
+struct AttemptCtx {
+    app: AppState,
+    tenant: Arc<str>,
+    route: Arc<Route>,
+    request: Arc<Map<String, Value>>,
+    fp: Fingerprint,
+    target: usize,
+    attempt: AttemptRecord,
+}
+
+impl AttemptCtx {
+    async fn run(self, tx: oneshot::Sender<AttemptEnd>) {
+        let app = &self.app;
+        let a = &self.attempt;
+        let policy = &self.route.config.attempts;
+        let deadline = Instant::now() + policy.timeout;
+        let lease_keeper = {
+            let store = app.jobs.store.clone();
+            let (id, n, owner) = (a.job_id.clone(), a.n, app.jobs.worker_id.clone());
+            let lease = app.config.jobs.attempt_lease;
+            AbortOnDrop(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(lease / 3);
+                loop {
+                    tick.tick().await;
+                    let _ = store
+                        .renew_attempt(&id, n, &owner, now_ms() + ms(lease))
+                        .await;
+                }
+            }))
+        };
+        let cfg = &self.route.config;
+        let ask = Ask {
+            tenant: &self.tenant,
+            route: &self.route,
+            fp: self.fp,
+            body: &self.request,
+            read_cache: cfg.cache.enabled,
+            write_cache: true,
+            coalesce: cfg.coalesce.enabled,
+            only_target: Some(self.target),
+            max_wait: Some(policy.timeout),
+        };
+        let delivery = match tokio::time::timeout_at(deadline.into(), app.coalescer.obtain(&ask))
+            .await
+        {
+            Ok(Ok(d)) => d,
+            Ok(Err(ApiError::WaitTimeout { .. })) | Err(_) => {
+                drop(lease_keeper);
+                let end = self.settle_unknown("timeout").await;
+                let _ = tx.send(end);
+                return;
+            }
+            Ok(Err(e)) => {
+                drop(lease_keeper);
+                tracing::error!(job = %a.job_id, attempt = a.n, error = %e, "attempt could not run");
+                let end = self.settle_failed("internal_error").await;
+                let _ = tx.send(end);
+                return;
+            }
+        };
+        if let Source::Live(flight) = &delivery.source
+            && tokio::time::timeout_at(deadline.into(), flight.head(None))
+                .await
+                .is_ok()
+        {
+            let _ = app.jobs.store.attempt_running(&a.job_id, a.n).await;
+        }
+        match tokio::time::timeout_at(deadline.into(), delivery.answer()).await {
+            Ok(answer) => {
+                drop(lease_keeper);
+                let end = self.settle(&answer).await;
+                let _ = tx.send(end);
+            }
+            Err(_) => {
+                // Past the attempt timeout the provider may still be doing
+                // the work: unknown, and keep listening for a late answer.
+                drop(lease_keeper);
+                let end = self.settle_unknown("timeout").await;
+                let _ = tx.send(end);
+                let window = policy.late_result_window.saturating_sub(policy.timeout);
+                if let Ok(answer) = tokio::time::timeout(window, delivery.answer()).await {
+                    self.settle_late(&answer).await;
+                }
+            }
+        }
+    }
+
+    async fn settle(&self, answer: &Answer) -> AttemptEnd {
+        match answer.verdict() {
+            Verdict::Succeeded => self.complete(answer).await,
+            Verdict::Failed(reason) => self.settle_failed(reason).await,
+            Verdict::Unknown(reason) => self.settle_unknown(reason).await,
+        }
+    }
+
+    async fn complete(&self, answer: &Answer) -> AttemptEnd {
+        let (app, a) = (&self.app, &self.attempt);
+        let result = String::from_utf8_lossy(&answer.plain_body()).into_owned();
+        match app
+            .jobs
+            .store
+            .complete(&a.job_id, a.n, a.read_version, &result, now_ms())
+            .await
+        {
+            Ok(Completion::Won(_)) => {
+                app.metrics.attempt(&answer.provider, "succeeded");
+                tracing::info!(job = %a.job_id, attempt = a.n, "attempt completed the job");
+                app.jobs.changed(&a.job_id);
+                AttemptEnd::Won
+            }
+            Ok(Completion::Lost) => {
+                app.metrics.attempt(&answer.provider, "discarded");
+                app.metrics.attempt_race(&self.route.name);
+                tracing::warn!(
+                    job = %a.job_id,
+                    attempt = a.n,
+                    "attempt finished after the job was completed: result discarded"
+                );
+                AttemptEnd::Lost
+            }
+            Err(e) => {
+                tracing::error!(job = %a.job_id, attempt = a.n, error = %e, "cannot complete the job");
+                self.settle_unknown("store_error").await
+            }
+        }
+    }
+
+    async fn settle_failed(&self, reason: &str) -> AttemptEnd {
+        self.finish(AttemptState::Failed, reason).await;
+        AttemptEnd::Failed(reason.to_string())
+    }
+
+    async fn settle_unknown(&self, reason: &str) -> AttemptEnd {
+        self.finish(AttemptState::Unknown, reason).await;
+        tracing::warn!(job = %self.attempt.job_id, attempt = self.attempt.n, reason, "attempt outcome unknown: job held");
+        AttemptEnd::Unknown(reason.to_string())
+    }
+
+    async fn finish(&self, to: AttemptState, reason: &str) {
+        let (app, a) = (&self.app, &self.attempt);
+        app.metrics
+            .attempt(&self.route.targets[self.target].provider.name, to.as_str());
+        if let Err(e) = app
+            .jobs
+            .store
+            .finish_attempt(&a.job_id, a.n, to, Some(reason), now_ms())
+            .await
+        {
+            tracing::error!(job = %a.job_id, attempt = a.n, error = %e, "cannot record the attempt's end");
+        }
+    }
+
+    /// An answer that arrived after the attempt was declared unknown.
+    async fn settle_late(&self, answer: &Answer) {
+        let (app, a) = (&self.app, &self.attempt);
+        match answer.verdict() {
+            Verdict::Succeeded => {
+                self.complete(answer).await;
+            }
+            Verdict::Failed(reason) => {
+                let late = format!("late_{reason}");
+                let _ = app
+                    .jobs
+                    .store
+                    .finish_attempt(&a.job_id, a.n, AttemptState::Failed, Some(&late), now_ms())
+                    .await;
+                let why = format!("attempt {} failed after its timeout: {reason}", a.n);
+                let _ = app.jobs.store.fail_job(&a.job_id, &why, now_ms()).await;
+                app.jobs.changed(&a.job_id);
+            }
+            Verdict::Unknown(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_full_jitter_under_the_cap() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(1);
+        for i in 0..30 {
+            let b = backoff(base, max, i);
+            assert!(b <= max, "{i}: {b:?}");
+            assert!(b <= base.saturating_mul(1 << i.min(20)), "{i}: {b:?}");
+        }
+    }
+
+    #[test]
+    fn a_round_with_any_unknown_holds_the_job() {
+        assert!(matches!(
+            round_of(&[
+                Some(AttemptEnd::Failed("x".into())),
+                Some(AttemptEnd::Unknown("t".into()))
+            ]),
+            Round::Held
+        ));
+        assert!(matches!(
+            round_of(&[Some(AttemptEnd::Unknown("t".into())), Some(AttemptEnd::Won)]),
+            Round::Completed
+        ));
+        assert!(matches!(
+            round_of(&[Some(AttemptEnd::Failed("a".into())), Some(AttemptEnd::Failed("b".into()))]),
+            Round::Failed(r) if r == "b"
+        ));
+    }
+}

@@ -1,0 +1,513 @@
+//! Numbers, not feelings: the Prometheus metrics of SPEC section 7 and the
+//! per-tenant figures behind `GET /v1/stats`.
+//!
+//! Each [`App`](crate::app::App) owns its own Prometheus recorder (not the
+//! process-global one), so several gateways in one test process never mix
+//! their counts. Handles for every label set known at start-up (routes,
+//! outcomes, tenants) are registered once; the hot path only bumps atomics.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use hdrhistogram::Histogram as Hdr;
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::tenants::ANONYMOUS_TENANT;
+
+/// What happened to a request (the `Idem-Outcome` header and the `outcome`
+/// label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    Leader,
+    Follower,
+    CacheHit,
+    NegativeHit,
+    Bypass,
+    Replay,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Leader,
+        Outcome::Follower,
+        Outcome::CacheHit,
+        Outcome::NegativeHit,
+        Outcome::Bypass,
+        Outcome::Replay,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Leader => "leader",
+            Outcome::Follower => "follower",
+            Outcome::CacheHit => "cache-hit",
+            Outcome::NegativeHit => "negative-hit",
+            Outcome::Bypass => "bypass",
+            Outcome::Replay => "replay",
+        }
+    }
+
+    /// True when the request was answered without its own upstream call.
+    pub fn saved_a_call(self) -> bool {
+        matches!(
+            self,
+            Outcome::Follower | Outcome::CacheHit | Outcome::NegativeHit | Outcome::Replay
+        )
+    }
+}
+
+const WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+struct RouteHandles {
+    requests: HashMap<Outcome, Counter>,
+    wait: Histogram,
+    wait_timeouts: Counter,
+    leader_errors_shared: Counter,
+    saved: Counter,
+    races: Counter,
+    failover_blocked: Counter,
+}
+
+/// Per-tenant figures for `/v1/stats`.
+#[derive(Default)]
+pub struct TenantStats {
+    incoming: AtomicU64,
+    upstream_calls: AtomicU64,
+    by_outcome: [AtomicU64; 6],
+    wait_timeouts: AtomicU64,
+    leader_errors_shared: AtomicU64,
+    waits_us: Mutex<Option<Hdr<u64>>>,
+}
+
+/// The figures `/v1/stats` returns for one tenant or for all.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct StatsView {
+    pub incoming_requests: u64,
+    pub upstream_calls: u64,
+    /// upstream calls / incoming requests.
+    pub upstream_ratio: f64,
+    /// Share of incoming requests answered by another request's call.
+    pub duplicate_share: f64,
+    pub saved_calls: u64,
+    pub leaders: u64,
+    pub followers: u64,
+    pub cache_hits: u64,
+    pub negative_hits: u64,
+    pub bypass: u64,
+    pub replays: u64,
+    pub wait_p50_ms: f64,
+    pub wait_p95_ms: f64,
+    pub wait_p99_ms: f64,
+    pub wait_timeouts: u64,
+    pub wait_timeout_share: f64,
+    pub leader_errors_shared: u64,
+}
+
+/// All metrics of one gateway.
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    routes: HashMap<String, RouteHandles>,
+    tenants: HashMap<String, Arc<TenantStats>>,
+    upstream: DashMap<(Arc<str>, u16), Counter>,
+    attempts: DashMap<(Arc<str>, &'static str), Counter>,
+    pub inflight_flights: Gauge,
+    pub jobs_unknown: Gauge,
+    pub redis_errors: Counter,
+    pub negative_cache_entries: Gauge,
+}
+
+fn labels(pairs: &[(&'static str, &str)]) -> Vec<Label> {
+    pairs
+        .iter()
+        .map(|(k, v)| Label::new(*k, v.to_string()))
+        .collect()
+}
+
+impl Metrics {
+    pub fn new(config: &Config) -> Metrics {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("idem_coalesce_wait_seconds".into()),
+                WAIT_BUCKETS,
+            )
+            .map(|b| b.build_recorder())
+            .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+        let handle = recorder.handle();
+        let meta = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+        let counter = |name: &'static str, l: &[(&'static str, &str)]| {
+            recorder.register_counter(&Key::from_parts(name, labels(l)), &meta)
+        };
+        let mut routes = HashMap::new();
+        for route in &config.routes {
+            let r = route.model.as_str();
+            let requests = Outcome::ALL
+                .iter()
+                .map(|o| {
+                    (
+                        *o,
+                        counter(
+                            "idem_requests_total",
+                            &[("route", r), ("outcome", o.as_str())],
+                        ),
+                    )
+                })
+                .collect();
+            routes.insert(
+                route.model.clone(),
+                RouteHandles {
+                    requests,
+                    wait: recorder.register_histogram(
+                        &Key::from_parts("idem_coalesce_wait_seconds", labels(&[("route", r)])),
+                        &meta,
+                    ),
+                    wait_timeouts: counter("idem_coalesce_wait_timeouts_total", &[("route", r)]),
+                    leader_errors_shared: counter(
+                        "idem_leader_errors_shared_total",
+                        &[("route", r)],
+                    ),
+                    saved: counter("idem_saved_upstream_calls_total", &[("route", r)]),
+                    races: counter("idem_attempt_races_total", &[("route", r)]),
+                    failover_blocked: counter("idem_failover_blocked_total", &[("route", r)]),
+                },
+            );
+        }
+        let mut tenants: HashMap<String, Arc<TenantStats>> = config
+            .tenants
+            .iter()
+            .map(|t| (t.name.clone(), Arc::new(TenantStats::default())))
+            .collect();
+        if config.tenants.is_empty() {
+            tenants.insert(ANONYMOUS_TENANT.into(), Arc::new(TenantStats::default()));
+        }
+        let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &meta);
+        let inflight_flights = gauge("idem_inflight_flights");
+        let jobs_unknown = gauge("idem_jobs_unknown");
+        let negative_cache_entries = gauge("idem_negative_cache_entries");
+        let redis_errors =
+            recorder.register_counter(&Key::from_name("idem_redis_errors_total"), &meta);
+        redis_errors.increment(0);
+        let m = Metrics {
+            recorder,
+            handle,
+            routes,
+            tenants,
+            upstream: DashMap::new(),
+            attempts: DashMap::new(),
+            inflight_flights,
+            jobs_unknown,
+            redis_errors,
+            negative_cache_entries,
+        };
+        m.describe();
+        m
+    }
+
+    fn describe(&self) {
+        let d = |name: &'static str, text: &'static str| {
+            self.recorder
+                .describe_counter(name.into(), None, text.into());
+        };
+        d(
+            "idem_requests_total",
+            "Chat completion requests by route and outcome.",
+        );
+        d(
+            "idem_upstream_calls_total",
+            "Calls sent to providers, by provider and answer status.",
+        );
+        d(
+            "idem_coalesce_wait_timeouts_total",
+            "Followers whose wait for a leader ran out.",
+        );
+        d(
+            "idem_leader_errors_shared_total",
+            "Followers that received their leader's error.",
+        );
+        d(
+            "idem_saved_upstream_calls_total",
+            "Requests answered without their own upstream call.",
+        );
+        d(
+            "idem_attempts_total",
+            "Job attempts by provider and outcome.",
+        );
+        d(
+            "idem_attempt_races_total",
+            "Attempts that finished after another attempt completed the job.",
+        );
+        d(
+            "idem_failover_blocked_total",
+            "Failovers not sent because the target is not certified.",
+        );
+        d(
+            "idem_redis_errors_total",
+            "Redis operations that failed (idem fell back to local coalescing).",
+        );
+        self.recorder.describe_histogram(
+            "idem_coalesce_wait_seconds".into(),
+            Some(metrics::Unit::Seconds),
+            "How long followers waited for their leader.".into(),
+        );
+        self.recorder.describe_gauge(
+            "idem_inflight_flights".into(),
+            None,
+            "Upstream calls in flight.".into(),
+        );
+        self.recorder.describe_gauge(
+            "idem_jobs_unknown".into(),
+            None,
+            "Attempts in state unknown.".into(),
+        );
+        self.recorder.describe_gauge(
+            "idem_negative_cache_entries".into(),
+            None,
+            "Provider errors held in the negative cache.".into(),
+        );
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        self.handle.run_upkeep();
+        self.handle.render()
+    }
+
+    fn tenant(&self, tenant: &str) -> Option<&Arc<TenantStats>> {
+        self.tenants.get(tenant)
+    }
+
+    /// A request got its answer with this outcome.
+    pub fn request(&self, tenant: &str, route: &str, outcome: Outcome) {
+        if let Some(r) = self.routes.get(route) {
+            if let Some(c) = r.requests.get(&outcome) {
+                c.increment(1);
+            }
+            if outcome.saved_a_call() {
+                r.saved.increment(1);
+            }
+        }
+        if let Some(t) = self.tenant(tenant) {
+            t.incoming.fetch_add(1, Ordering::Relaxed);
+            t.by_outcome[outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A follower waited `waited` for its leader.
+    pub fn wait(&self, tenant: &str, route: &str, waited: Duration) {
+        if let Some(r) = self.routes.get(route) {
+            r.wait.record(waited.as_secs_f64());
+        }
+        if let Some(t) = self.tenant(tenant)
+            && let Ok(mut h) = t.waits_us.lock()
+        {
+            let hist = h.get_or_insert_with(new_hdr);
+            // Saturate rather than fail on absurd values.
+            let us = u64::try_from(waited.as_micros())
+                .unwrap_or(u64::MAX)
+                .clamp(1, 3_600_000_000);
+            let _ = hist.record(us);
+        }
+    }
+
+    pub fn wait_timeout(&self, tenant: &str, route: &str) {
+        if let Some(r) = self.routes.get(route) {
+            r.wait_timeouts.increment(1);
+        }
+        if let Some(t) = self.tenant(tenant) {
+            t.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn leader_error_shared(&self, tenant: &str, route: &str) {
+        if let Some(r) = self.routes.get(route) {
+            r.leader_errors_shared.increment(1);
+        }
+        if let Some(t) = self.tenant(tenant) {
+            t.leader_errors_shared.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// One call went to a provider and ended with `status` (0: no answer).
+    pub fn upstream_call(&self, tenant: &str, provider: &Arc<str>, status: u16) {
+        let key = (provider.clone(), status);
+        let counter = self
+            .upstream
+            .entry(key)
+            .or_insert_with(|| {
+                let status_label = if status == 0 {
+                    "none".to_string()
+                } else {
+                    status.to_string()
+                };
+                let l = vec![
+                    Label::new("provider", provider.to_string()),
+                    Label::new("status", status_label),
+                ];
+                self.recorder.register_counter(
+                    &Key::from_parts("idem_upstream_calls_total", l),
+                    &self.meta(),
+                )
+            })
+            .clone();
+        counter.increment(1);
+        if let Some(t) = self.tenant(tenant) {
+            t.upstream_calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn attempt(&self, provider: &Arc<str>, outcome: &'static str) {
+        let counter = self
+            .attempts
+            .entry((provider.clone(), outcome))
+            .or_insert_with(|| {
+                let l = vec![
+                    Label::new("provider", provider.to_string()),
+                    Label::new("outcome", outcome),
+                ];
+                self.recorder
+                    .register_counter(&Key::from_parts("idem_attempts_total", l), &self.meta())
+            })
+            .clone();
+        counter.increment(1);
+    }
+
+    pub fn attempt_race(&self, route: &str) {
+        if let Some(r) = self.routes.get(route) {
+            r.races.increment(1);
+        }
+    }
+
+    pub fn failover_blocked(&self, route: &str) {
+        if let Some(r) = self.routes.get(route) {
+            r.failover_blocked.increment(1);
+        }
+    }
+
+    fn meta(&self) -> Metadata<'static> {
+        Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()))
+    }
+
+    /// `/v1/stats` figures for one tenant, or for all when `tenant` is None.
+    pub fn stats(&self, tenant: Option<&str>) -> StatsView {
+        let selected: Vec<&Arc<TenantStats>> = match tenant {
+            Some(t) => self.tenant(t).into_iter().collect(),
+            None => self.tenants.values().collect(),
+        };
+        let mut v = StatsView::default();
+        let mut waits = new_hdr();
+        for t in selected {
+            let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            v.incoming_requests += get(&t.incoming);
+            v.upstream_calls += get(&t.upstream_calls);
+            v.leaders += get(&t.by_outcome[outcome_index(Outcome::Leader)]);
+            v.followers += get(&t.by_outcome[outcome_index(Outcome::Follower)]);
+            v.cache_hits += get(&t.by_outcome[outcome_index(Outcome::CacheHit)]);
+            v.negative_hits += get(&t.by_outcome[outcome_index(Outcome::NegativeHit)]);
+            v.bypass += get(&t.by_outcome[outcome_index(Outcome::Bypass)]);
+            v.replays += get(&t.by_outcome[outcome_index(Outcome::Replay)]);
+            v.wait_timeouts += get(&t.wait_timeouts);
+            v.leader_errors_shared += get(&t.leader_errors_shared);
+            if let Ok(h) = t.waits_us.lock()
+                && let Some(h) = h.as_ref()
+            {
+                let _ = waits.add(h);
+            }
+        }
+        v.saved_calls = v.followers + v.cache_hits + v.negative_hits + v.replays;
+        if v.incoming_requests > 0 {
+            let n = v.incoming_requests as f64;
+            v.upstream_ratio = v.upstream_calls as f64 / n;
+            v.duplicate_share = v.saved_calls as f64 / n;
+        }
+        let waited = v.followers + v.wait_timeouts;
+        if waited > 0 {
+            v.wait_timeout_share = v.wait_timeouts as f64 / waited as f64;
+        }
+        if !waits.is_empty() {
+            let ms = |q: f64| waits.value_at_quantile(q) as f64 / 1000.0;
+            v.wait_p50_ms = ms(0.50);
+            v.wait_p95_ms = ms(0.95);
+            v.wait_p99_ms = ms(0.99);
+        }
+        v
+    }
+
+    /// Names of the tenants with figures.
+    pub fn tenant_names(&self) -> impl Iterator<Item = &str> {
+        self.tenants.keys().map(String::as_str)
+    }
+}
+
+fn outcome_index(o: Outcome) -> usize {
+    match o {
+        Outcome::Leader => 0,
+        Outcome::Follower => 1,
+        Outcome::CacheHit => 2,
+        Outcome::NegativeHit => 3,
+        Outcome::Bypass => 4,
+        Outcome::Replay => 5,
+    }
+}
+
+#[expect(
+    clippy::expect_used,
+    reason = "the bounds are constants that hdrhistogram accepts"
+)]
+fn new_hdr() -> Hdr<u64> {
+    // 1 us .. 1 h with 3 significant digits.
+    Hdr::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Source;
+
+    #[test]
+    fn stats_add_up_and_tenants_stay_apart() {
+        let c = Config::from_toml_str(
+            "[[tenants]]\nname=\"a\"\napi_keys=[\"key-aaaaaaaa\"]\n[[tenants]]\nname=\"b\"\napi_keys=[\"key-bbbbbbbb\"]\n[[providers]]\nname=\"p\"\nkind=\"mock\"\n[[routes]]\nmodel=\"m\"\ntargets=[{provider=\"p\",model=\"x\"}]\n",
+            Source::Embedded,
+            false,
+        )
+        .unwrap();
+        let m = Metrics::new(&c);
+        let p: Arc<str> = "p".into();
+        m.request("a", "m", Outcome::Leader);
+        m.upstream_call("a", &p, 200);
+        for _ in 0..3 {
+            m.request("a", "m", Outcome::Follower);
+            m.wait("a", "m", Duration::from_millis(10));
+        }
+        m.request("b", "m", Outcome::Leader);
+        m.upstream_call("b", &p, 200);
+        let a = m.stats(Some("a"));
+        assert_eq!(a.incoming_requests, 4);
+        assert_eq!(a.upstream_calls, 1);
+        assert_eq!(a.saved_calls, 3);
+        assert!((a.duplicate_share - 0.75).abs() < 1e-9);
+        assert!((a.wait_p50_ms - 10.0).abs() < 0.1, "{}", a.wait_p50_ms);
+        assert_eq!(m.stats(Some("b")).incoming_requests, 1);
+        assert_eq!(m.stats(None).incoming_requests, 5);
+        let text = m.render();
+        assert!(
+            text.contains("idem_requests_total{route=\"m\",outcome=\"follower\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("idem_upstream_calls_total{provider=\"p\",status=\"200\"} 2"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! Routes: a public model name mapped to its ordered targets and policies,
+//! resolved once at start-up so the request path never looks a provider up
+//! by name. Each route also watches its leaders' latency, from which
+//! `coalesce.max_wait = "auto"` is derived.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use crate::config::{Config, MaxWait, RouteConfig, TargetConfig};
+use crate::providers::{Provider, Providers};
+
+/// One target of a route: a provider and the model name it is sent.
+#[derive(Debug)]
+pub struct Target {
+    pub index: usize,
+    pub provider: Arc<Provider>,
+    pub model: Arc<str>,
+}
+
+/// A route, ready for the request path.
+#[derive(Debug)]
+pub struct Route {
+    pub name: Arc<str>,
+    pub config: RouteConfig,
+    pub targets: Vec<Target>,
+    pub latency: LatencyTracker,
+}
+
+impl Route {
+    /// How long a follower waits for its leader's first byte.
+    pub fn max_wait(&self) -> Duration {
+        match self.config.coalesce.max_wait {
+            MaxWait::Fixed(d) => d,
+            MaxWait::Auto => {
+                let ceiling = self
+                    .targets
+                    .first()
+                    .map(|t| t.provider.timeout)
+                    .unwrap_or(Duration::from_secs(30));
+                let floor = Duration::from_millis(300).min(ceiling);
+                match self.latency.p99() {
+                    // Nothing observed yet: wait as long as a leader may take.
+                    None => ceiling,
+                    Some(p99) => p99.mul_f64(1.5).clamp(floor, ceiling),
+                }
+            }
+        }
+    }
+
+    /// The request body for `target`: the client's body with `model` set to
+    /// the target's upstream model; every other field as the client sent it.
+    pub fn body_for(&self, target: &Target, request: &Map<String, Value>) -> Bytes {
+        let mut body = request.clone();
+        body.insert("model".into(), Value::String(target.model.to_string()));
+        // Serializing a Map of Values cannot fail.
+        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+    }
+
+    pub fn target_configs(&self) -> &[TargetConfig] {
+        &self.config.targets
+    }
+}
+
+/// All routes by public model name.
+#[derive(Debug, Default)]
+pub struct Routes {
+    by_model: HashMap<String, Arc<Route>>,
+    order: Vec<Arc<Route>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("route {route}: provider {provider} is not configured")]
+pub struct RouteError {
+    route: String,
+    provider: String,
+}
+
+impl Routes {
+    pub fn from_config(config: &Config, providers: &Providers) -> Result<Routes, RouteError> {
+        let mut routes = Routes::default();
+        for rc in &config.routes {
+            let mut targets = Vec::new();
+            for (index, t) in rc.targets.iter().enumerate() {
+                let provider = providers.get(&t.provider).ok_or_else(|| RouteError {
+                    route: rc.model.clone(),
+                    provider: t.provider.clone(),
+                })?;
+                targets.push(Target {
+                    index,
+                    provider: provider.clone(),
+                    model: Arc::from(t.model.as_str()),
+                });
+            }
+            let route = Arc::new(Route {
+                name: Arc::from(rc.model.as_str()),
+                config: rc.clone(),
+                targets,
+                latency: LatencyTracker::default(),
+            });
+            routes.by_model.insert(rc.model.clone(), route.clone());
+            routes.order.push(route);
+        }
+        Ok(routes)
+    }
+
+    pub fn get(&self, model: &str) -> Option<&Arc<Route>> {
+        self.by_model.get(model)
+    }
+
+    /// Routes in configuration order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.order.iter()
+    }
+}
+
+const WINDOW: usize = 256;
+const RECOMPUTE_EVERY: u64 = 16;
+
+/// The recent leader latencies of a route and their p99.
+///
+/// A short std `Mutex` guards the sample ring: it is taken once per
+/// upstream call (never per follower) and never across an await; the p99
+/// that followers read is a lock-free atomic.
+#[derive(Debug, Default)]
+pub struct LatencyTracker {
+    ring: Mutex<Vec<u64>>,
+    recorded: AtomicU64,
+    p99_us: AtomicU64,
+}
+
+impl LatencyTracker {
+    pub fn record(&self, latency: Duration) {
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        let n = self.recorded.fetch_add(1, Ordering::Relaxed);
+        let Ok(mut ring) = self.ring.lock() else {
+            return;
+        };
+        if ring.len() < WINDOW {
+            ring.push(us);
+        } else {
+            let slot = usize::try_from(n % WINDOW as u64).unwrap_or(0);
+            ring[slot] = us;
+        }
+        if n < RECOMPUTE_EVERY || n.is_multiple_of(RECOMPUTE_EVERY) {
+            let mut sorted = ring.clone();
+            drop(ring);
+            sorted.sort_unstable();
+            let idx = (sorted.len() * 99).div_ceil(100).saturating_sub(1);
+            self.p99_us.store(sorted[idx].max(1), Ordering::Relaxed);
+        }
+    }
+
+    pub fn p99(&self) -> Option<Duration> {
+        match self.p99_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn p99_follows_the_window() {
+        let t = LatencyTracker::default();
+        assert_eq!(t.p99(), None);
+        for _ in 0..99 {
+            t.record(Duration::from_millis(100));
+        }
+        t.record(Duration::from_millis(900));
+        let p = t.p99().unwrap();
+        assert!(
+            p >= Duration::from_millis(100) && p <= Duration::from_millis(900),
+            "{p:?}"
+        );
+        for _ in 0..2 * WINDOW {
+            t.record(Duration::from_millis(10));
+        }
+        assert_eq!(t.p99(), Some(Duration::from_millis(10)));
+    }
+}
