@@ -11,3 +11,4 @@
 
 pub mod config;
 pub mod fingerprint;
+pub mod sse;
