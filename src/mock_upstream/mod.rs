@@ -1,0 +1,256 @@
+//! A fake OpenAI-compatible provider (`idem mock-upstream`), the test double
+//! for the LLM provider used by idem's demo, integration tests and benchmarks.
+//!
+//! It answers `POST /v1/chat/completions` (plain JSON or SSE) with a
+//! deterministic answer that names the call number, and can be told, by CLI
+//! flags at start or by the `/_mock` control API at run time, to be slow, to
+//! fail with a chosen status, to drop connections, or to hold requests until
+//! a test releases them (in the order the test chooses). It counts every call
+//! on arrival, so a test can assert how many upstream calls the gateway made.
+//!
+//! `answer` builds the answers (also used by idem's in-process provider of
+//! kind "mock"), `state` keeps counters and held requests, `routes` is the
+//! HTTP surface.
+
+mod answer;
+mod routes;
+mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+pub use answer::{completion, completion_chunks};
+use state::Shared;
+
+/// How long [`MockServer::shutdown`] waits for open connections to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Behaviour of the mock, set by CLI flags at start and changeable at run time.
+///
+/// The order of effects for one request: count and record it; hold it if
+/// `hold` or `hang`; sleep `latency_ms`; drop the connection with probability
+/// `reset_rate`; fail with `fail_status`; else answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Behaviour {
+    /// Delay before answering (after counting the call and any hold).
+    pub latency_ms: u64,
+    /// Answer with this status and an OpenAI error body ...
+    pub fail_status: Option<u16>,
+    /// ... with this probability (0..=1); 0 with `fail_status` set means always.
+    pub fail_rate: f64,
+    /// Seconds, sent as `Retry-After` on failures.
+    pub retry_after: Option<u64>,
+    /// Never answer until released by `/_mock/release`, `/_mock/reset` or shutdown.
+    pub hang: bool,
+    /// Probability to drop the connection without a valid response.
+    pub reset_rate: f64,
+    /// Fixed assistant content; else `mock answer #<seq> to: <last user message>`.
+    pub content: Option<String>,
+    /// Delay between SSE chunks when streaming.
+    pub chunk_delay_ms: u64,
+    /// Hold every request (after counting it) until released.
+    pub hold: bool,
+}
+
+/// Flags of `idem mock-upstream`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MockArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:9001")]
+    pub listen: SocketAddr,
+    /// Delay before answering, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Answer with this HTTP status and an OpenAI error body.
+    #[arg(long)]
+    pub fail_status: Option<u16>,
+    /// Probability of answering `--fail-status` (0 means always when it is set).
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// Seconds sent as `Retry-After` on failures.
+    #[arg(long)]
+    pub retry_after: Option<u64>,
+    /// Never answer (until released through the control API).
+    #[arg(long)]
+    pub hang: bool,
+    /// Probability of dropping the connection without an answer.
+    #[arg(long, default_value_t = 0.0)]
+    pub reset_rate: f64,
+    /// Fixed assistant content instead of the generated one.
+    #[arg(long)]
+    pub content: Option<String>,
+    /// Delay between SSE chunks when streaming, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub chunk_delay_ms: u64,
+    /// Hold every request until released through `POST /_mock/release`.
+    #[arg(long)]
+    pub hold: bool,
+}
+
+impl MockArgs {
+    /// The behaviour these flags ask for.
+    pub fn behaviour(&self) -> Behaviour {
+        Behaviour {
+            latency_ms: self.latency_ms,
+            fail_status: self.fail_status,
+            fail_rate: self.fail_rate,
+            retry_after: self.retry_after,
+            hang: self.hang,
+            reset_rate: self.reset_rate,
+            content: self.content.clone(),
+            chunk_delay_ms: self.chunk_delay_ms,
+            hold: self.hold,
+        }
+    }
+}
+
+/// What the mock has seen, as `GET /_mock/stats` returns it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Chat completion requests that arrived (counted on arrival, before any
+    /// hold, latency or failure; invalid bodies included).
+    pub calls: u64,
+    /// Requests answered with a 2xx status (counted when the answer starts).
+    pub completed: u64,
+    /// Requests answered with an error status.
+    pub failed: u64,
+    /// Connections dropped on purpose (`reset_rate`).
+    pub resets: u64,
+    /// Requests being handled now, streams until their last chunk. A gauge:
+    /// a reset does not zero it.
+    pub in_flight: u64,
+    /// Requests held or hung now.
+    pub held: u64,
+    /// The last 50 requests, oldest first.
+    pub last_requests: Vec<RecordedRequest>,
+}
+
+/// One request as the mock received it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedRequest {
+    /// Call number, from 1 (again from 1 after a reset).
+    pub seq: u64,
+    /// The JSON body (a JSON string holding the raw text if it was not JSON).
+    pub body: Value,
+    /// The `Authorization` header, if any.
+    pub authorization: Option<String>,
+    /// Whether the request asked for `"stream": true`.
+    pub stream: bool,
+}
+
+/// A running mock upstream, serving in a background tokio task.
+pub struct MockServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl MockServer {
+    /// Binds `addr` (port 0 allowed) and serves in a background tokio task.
+    pub async fn start(addr: SocketAddr, behaviour: Behaviour) -> std::io::Result<MockServer> {
+        use axum::serve::ListenerExt;
+
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(behaviour));
+        let app = routes::router(Arc::clone(&shared));
+        let stop = shared.shutdown.clone();
+        // Small answers must not wait for Nagle: the mock is a latency baseline.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(err) = tcp.set_nodelay(true) {
+                tracing::debug!(%err, "mock upstream: cannot set TCP_NODELAY");
+            }
+        });
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+        });
+        Ok(MockServer {
+            addr,
+            shared,
+            task: Some(task),
+        })
+    }
+
+    /// The address it listens on (with the real port when bound to port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR/v1`, the base URL an OpenAI client is given.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// The same as `GET /_mock/stats`.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    /// Replaces the behaviour; requests already held keep waiting (release them).
+    pub fn set_behaviour(&self, b: Behaviour) {
+        self.shared.set_behaviour(b);
+    }
+
+    /// Stops accepting, releases held and hung requests (they answer
+    /// normally, without the remaining latency or chunk delays), and waits up
+    /// to 5 s for open connections to finish.
+    pub async fn shutdown(mut self) {
+        self.shared.shutdown.cancel();
+        if let Some(mut task) = self.task.take() {
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(err))) => tracing::warn!(%err, "mock upstream: serve failed"),
+                Ok(Err(err)) => tracing::warn!(%err, "mock upstream: serve task failed"),
+                Err(_) => {
+                    tracing::warn!("mock upstream: connections still open after shutdown grace");
+                    task.abort();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for MockServer {
+    /// A server dropped without `shutdown` still stops serving.
+    fn drop(&mut self) {
+        self.shared.shutdown.cancel();
+    }
+}
+
+/// CLI entry: serve until SIGINT/SIGTERM, printing the listening address on
+/// start as one line `mock-upstream listening on http://ADDR/v1` on stdout.
+pub async fn run(args: MockArgs) -> anyhow::Result<()> {
+    let server = MockServer::start(args.listen, args.behaviour())
+        .await
+        .map_err(|err| anyhow::anyhow!("mock-upstream: cannot listen on {}: {err}", args.listen))?;
+    // Tests and scripts parse this line; stdout is line-buffered.
+    println!("mock-upstream listening on {}", server.base_url());
+    tracing::info!(addr = %server.addr(), behaviour = ?args.behaviour(), "mock upstream started");
+    let signal = stop_signal().await;
+    server.shutdown().await;
+    signal
+}
+
+/// Resolves on SIGINT or (on Unix) SIGTERM.
+async fn stop_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result?,
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}

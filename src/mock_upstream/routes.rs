@@ -1,0 +1,326 @@
+//! The mock's HTTP surface: the OpenAI-compatible endpoints and the `/_mock`
+//! control API that tests use to observe and steer it.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::Behaviour;
+use super::answer::{completion, completion_chunks, error_body};
+use super::state::{InFlight, Outcome, Release, Shared};
+
+/// Request bodies up to this size are accepted (above the gateway's own
+/// limit, so the gateway's limit is the one a test observes).
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// How long `/_mock/held` waits when the caller gives no `timeout_ms`.
+const DEFAULT_HELD_TIMEOUT_MS: u64 = 10_000;
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/_mock/stats", get(stats))
+        .route("/_mock/reset", post(reset))
+        .route(
+            "/_mock/behaviour",
+            get(get_behaviour).put(put_behaviour).patch(patch_behaviour),
+        )
+        .route("/_mock/held", get(held))
+        .route("/_mock/release", post(release))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(shared)
+}
+
+/// `POST /v1/chat/completions`: count and record, then hold, wait, fail,
+/// reset or answer as the behaviour says.
+async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let in_flight = shared.in_flight();
+    let parsed = serde_json::from_slice::<Value>(&body).ok();
+    let valid = parsed.as_ref().is_some_and(Value::is_object);
+    let request = Arc::new(
+        parsed.unwrap_or_else(|| Value::String(String::from_utf8_lossy(&body).into_owned())),
+    );
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    let authorization = headers
+        .get(AUTHORIZATION)
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
+    let arrival = shared.arrive(Arc::clone(&request), authorization, stream);
+    if !valid {
+        shared.count(&arrival, Outcome::Failed);
+        return error(400, "mock: the body is not a JSON object", None);
+    }
+
+    let behaviour = shared.behaviour();
+    let release = if behaviour.hold || behaviour.hang {
+        shared.hold(&arrival).await
+    } else {
+        Release::default()
+    };
+    // Read again: a test may change the behaviour while requests are held,
+    // and released requests follow the behaviour of the moment they resume.
+    let behaviour = shared.behaviour();
+    pause(&shared, Duration::from_millis(behaviour.latency_ms)).await;
+
+    if let Some(status) = release.status {
+        shared.count(&arrival, Outcome::Failed);
+        return error(status, "mock failure", behaviour.retry_after);
+    }
+    // A release that chose the content chose success: no random failure.
+    if release.content.is_none() {
+        if chance(behaviour.reset_rate) {
+            shared.count(&arrival, Outcome::Reset);
+            return connection_reset();
+        }
+        if let Some(status) = behaviour.fail_status {
+            let rate = if behaviour.fail_rate > 0.0 {
+                behaviour.fail_rate
+            } else {
+                1.0
+            };
+            if chance(rate) {
+                shared.count(&arrival, Outcome::Failed);
+                return error(status, "mock failure", behaviour.retry_after);
+            }
+        }
+    }
+
+    shared.count(&arrival, Outcome::Completed);
+    let content = release.content.as_deref().or(behaviour.content.as_deref());
+    if stream {
+        let chunks = completion_chunks(&request, arrival.seq, content);
+        let delay = Duration::from_millis(behaviour.chunk_delay_ms);
+        event_stream(shared, chunks, delay, in_flight)
+    } else {
+        let answer = completion(&request, arrival.seq, content);
+        json_response(StatusCode::OK, &answer)
+    }
+}
+
+/// An SSE answer sent chunk by chunk, `delay` apart; `in_flight` stays
+/// counted until the last chunk is out.
+fn event_stream(
+    shared: Arc<Shared>,
+    chunks: Vec<String>,
+    delay: Duration,
+    in_flight: InFlight,
+) -> Response {
+    let frames = chunks
+        .into_iter()
+        .map(|chunk| Bytes::from(format!("data: {chunk}\n\n")))
+        .chain(std::iter::once(Bytes::from_static(b"data: [DONE]\n\n")));
+    let state = (frames, true, shared, in_flight);
+    let body = futures_util::stream::unfold(
+        state,
+        move |(mut frames, first, shared, in_flight)| async move {
+            let frame = frames.next()?;
+            if !first {
+                pause(&shared, delay).await;
+            }
+            Some((
+                Ok::<_, Infallible>(frame),
+                (frames, false, shared, in_flight),
+            ))
+        },
+    );
+    (
+        [
+            (CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+            (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// A response whose body fails before its first byte: hyper then closes the
+/// connection without having written the status line, so the client sees a
+/// connection error (reqwest: `send()` fails, "connection closed before
+/// message completed"), never a status.
+fn connection_reset() -> Response {
+    let body = futures_util::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("mock upstream: reset on purpose"))
+    });
+    Body::from_stream(body).into_response()
+}
+
+/// An OpenAI error answer; an invalid status code becomes 500.
+fn error(status: u16, message: &str, retry_after: Option<u64>) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = json_response(code, &error_body(code.as_u16(), message));
+    if let Some(seconds) = retry_after {
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response {
+    (
+        status,
+        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+/// True with probability `p` (never for `p <= 0`, always for `p >= 1`).
+fn chance(p: f64) -> bool {
+    p > 0.0 && rand::random::<f64>() < p
+}
+
+/// Sleeps for `duration`, cut short by shutdown.
+async fn pause(shared: &Shared, duration: Duration) {
+    if duration.is_zero() {
+        return;
+    }
+    tokio::select! {
+        () = tokio::time::sleep(duration) => {}
+        () = shared.shutdown.cancelled() => {}
+    }
+}
+
+/// `GET /v1/models`: a small fixed list.
+async fn models() -> Response {
+    let data: Vec<Value> = ["mock", "gpt-4o-mini", "gpt-4o"]
+        .iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 1_700_000_000, "owned_by": "idem-mock"}))
+        .collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+async fn stats(State(shared): State<Arc<Shared>>) -> Response {
+    json_of(&shared.stats())
+}
+
+/// `POST /_mock/reset`: answers the (zeroed) stats.
+async fn reset(State(shared): State<Arc<Shared>>) -> Response {
+    shared.reset();
+    json_of(&shared.stats())
+}
+
+async fn get_behaviour(State(shared): State<Arc<Shared>>) -> Response {
+    json_of(&*shared.behaviour())
+}
+
+/// `PUT /_mock/behaviour`: full replacement; missing fields take their
+/// defaults (off / zero / none).
+async fn put_behaviour(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    match parse::<Behaviour>(&body) {
+        Ok(behaviour) => {
+            shared.set_behaviour(behaviour);
+            json_of(&*shared.behaviour())
+        }
+        Err(err) => bad_control_request(&err),
+    }
+}
+
+/// `PATCH /_mock/behaviour`: merge; missing fields keep their current value,
+/// `null` clears an optional one.
+async fn patch_behaviour(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let patch = match parse::<serde_json::Map<String, Value>>(&body) {
+        Ok(patch) => patch,
+        Err(err) => return bad_control_request(&err),
+    };
+    let mut merged = match serde_json::to_value(&*shared.behaviour()) {
+        Ok(Value::Object(current)) => current,
+        _ => serde_json::Map::new(),
+    };
+    merged.extend(patch);
+    match serde_json::from_value::<Behaviour>(Value::Object(merged)) {
+        Ok(behaviour) => {
+            shared.set_behaviour(behaviour);
+            json_of(&*shared.behaviour())
+        }
+        Err(err) => error(400, &format!("mock: bad behaviour: {err}"), None),
+    }
+}
+
+#[derive(Deserialize)]
+struct HeldQuery {
+    at_least: Option<usize>,
+    timeout_ms: Option<u64>,
+}
+
+/// `GET /_mock/held?at_least=N&timeout_ms=T`: long-polls until N requests are
+/// held; `{"held": [seq, ...]}`, with 408 if the timeout passed first.
+async fn held(State(shared): State<Arc<Shared>>, Query(query): Query<HeldQuery>) -> Response {
+    let at_least = query.at_least.unwrap_or(1);
+    let timeout = Duration::from_millis(query.timeout_ms.unwrap_or(DEFAULT_HELD_TIMEOUT_MS));
+    let reached = tokio::time::timeout(timeout, shared.wait_held(at_least))
+        .await
+        .unwrap_or(false);
+    let status = if reached {
+        StatusCode::OK
+    } else {
+        StatusCode::REQUEST_TIMEOUT
+    };
+    json_response(status, &json!({"held": shared.held()}))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct ReleaseBody {
+    seq: Option<u64>,
+    status: Option<u16>,
+    content: Option<String>,
+}
+
+/// `POST /_mock/release`: `{}` releases every held request, `{"seq": N}` just
+/// that one; `status` / `content` override how they answer.
+async fn release(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        ReleaseBody::default()
+    } else {
+        match parse::<ReleaseBody>(&body) {
+            Ok(body) => body,
+            Err(err) => return bad_control_request(&err),
+        }
+    };
+    let release = Release {
+        status: body.status,
+        content: body.content,
+    };
+    let released = shared.release(body.seq, &release);
+    json_response(StatusCode::OK, &json!({"released": released}))
+}
+
+async fn not_found() -> Response {
+    let body = json!({"error": {
+        "message": "mock: no such endpoint",
+        "type": "invalid_request_error",
+        "code": "unknown_url",
+        "param": null,
+    }});
+    json_response(StatusCode::NOT_FOUND, &body)
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(body)
+}
+
+fn bad_control_request(err: &serde_json::Error) -> Response {
+    error(400, &format!("mock: bad control request: {err}"), None)
+}
+
+fn json_of<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_value(value) {
+        Ok(value) => json_response(StatusCode::OK, &value),
+        Err(err) => error(500, &format!("mock: cannot serialize: {err}"), None),
+    }
+}

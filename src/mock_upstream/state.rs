@@ -1,0 +1,302 @@
+//! The mock's shared state: counters, the last requests, the behaviour, and
+//! the gate where held and hung requests wait.
+//!
+//! The hot path (a request that is neither held nor hung) takes one short
+//! std `Mutex` (to number and record the request) and otherwise touches only
+//! atomics and an `Arc<Behaviour>` clone. No lock is ever held across an
+//! `.await`, which is why std locks are used rather than tokio's.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use serde_json::Value;
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{Behaviour, RecordedRequest, Stats};
+
+/// How many requests `last_requests` keeps.
+const RECORDED: usize = 50;
+
+/// How a held request continues once released.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Release {
+    /// Answer with this error status instead of the normal answer.
+    pub(crate) status: Option<u16>,
+    /// Answer with this content instead of the normal one.
+    pub(crate) content: Option<String>,
+}
+
+/// One arrived request, as numbered by [`Shared::arrive`].
+pub(crate) struct Arrival {
+    pub(crate) seq: u64,
+    /// The reset generation the request arrived in; a reset starts a new one.
+    pub(crate) epoch: u64,
+}
+
+pub(crate) struct Shared {
+    /// The behaviour given at start, restored by a reset.
+    initial: Behaviour,
+    behaviour: RwLock<Arc<Behaviour>>,
+    registry: Mutex<Registry>,
+    /// Written only under the `registry` lock; read lock-free when counting
+    /// outcomes, so that requests from before a reset do not count after it.
+    epoch: AtomicU64,
+    calls: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    resets: AtomicU64,
+    in_flight: AtomicU64,
+    /// The number of held requests; `/_mock/held` waits on it.
+    held: watch::Sender<usize>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// What changes together under one lock: numbering, recording, holding.
+#[derive(Default)]
+struct Registry {
+    next_seq: u64,
+    last: VecDeque<Recorded>,
+    /// Held requests by seq, with the epoch they were held in.
+    gates: BTreeMap<u64, (u64, oneshot::Sender<Release>)>,
+}
+
+struct Recorded {
+    seq: u64,
+    body: Arc<Value>,
+    authorization: Option<String>,
+    stream: bool,
+}
+
+/// The outcome of one answered request, for the counters.
+#[derive(Clone, Copy)]
+pub(crate) enum Outcome {
+    Completed,
+    Failed,
+    Reset,
+}
+
+impl Shared {
+    pub(crate) fn new(behaviour: Behaviour) -> Shared {
+        Shared {
+            behaviour: RwLock::new(Arc::new(behaviour.clone())),
+            initial: behaviour,
+            registry: Mutex::new(Registry::default()),
+            epoch: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            held: watch::Sender::new(0),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    pub(crate) fn behaviour(&self) -> Arc<Behaviour> {
+        Arc::clone(
+            &self
+                .behaviour
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    pub(crate) fn set_behaviour(&self, behaviour: Behaviour) {
+        *self
+            .behaviour
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(behaviour);
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        // A panic while holding this lock cannot leave the registry
+        // half-updated in a way that matters to a test double.
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Numbers, counts and records a chat completion request on arrival.
+    pub(crate) fn arrive(
+        &self,
+        body: Arc<Value>,
+        authorization: Option<String>,
+        stream: bool,
+    ) -> Arrival {
+        let mut registry = self.registry();
+        registry.next_seq += 1;
+        let seq = registry.next_seq;
+        if registry.last.len() == RECORDED {
+            registry.last.pop_front();
+        }
+        registry.last.push_back(Recorded {
+            seq,
+            body,
+            authorization,
+            stream,
+        });
+        // Counted under the lock so a concurrent reset sees seq and calls agree.
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Arrival {
+            seq,
+            epoch: self.epoch.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts an answer, unless a reset happened since the request arrived.
+    pub(crate) fn count(&self, arrival: &Arrival, outcome: Outcome) {
+        if self.epoch.load(Ordering::Relaxed) != arrival.epoch {
+            return;
+        }
+        let counter = match outcome {
+            Outcome::Completed => &self.completed,
+            Outcome::Failed => &self.failed,
+            Outcome::Reset => &self.resets,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one request in flight until the returned guard is dropped.
+    pub(crate) fn in_flight(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(Arc::clone(self))
+    }
+
+    /// Waits until the request is released (by seq or all), a reset, or
+    /// shutdown. Returns at once if a reset happened since it arrived.
+    pub(crate) async fn hold(&self, arrival: &Arrival) -> Release {
+        let receiver = {
+            let mut registry = self.registry();
+            if self.epoch.load(Ordering::Relaxed) != arrival.epoch {
+                return Release::default();
+            }
+            let (sender, receiver) = oneshot::channel();
+            registry.gates.insert(arrival.seq, (arrival.epoch, sender));
+            self.held.send_replace(registry.gates.len());
+            receiver
+        };
+        // Removes the gate if the client goes away while held.
+        let _gate = Gate {
+            shared: self,
+            seq: arrival.seq,
+            epoch: arrival.epoch,
+        };
+        tokio::select! {
+            release = receiver => release.unwrap_or_default(),
+            () = self.shutdown.cancelled() => Release::default(),
+        }
+    }
+
+    /// Releases the request `seq`, or every held request, with `release`.
+    /// Returns the released seqs, ascending.
+    pub(crate) fn release(&self, seq: Option<u64>, release: &Release) -> Vec<u64> {
+        let mut registry = self.registry();
+        let gates = match seq {
+            Some(seq) => registry
+                .gates
+                .remove(&seq)
+                .into_iter()
+                .map(|g| (seq, g))
+                .collect(),
+            None => std::mem::take(&mut registry.gates),
+        };
+        self.held.send_replace(registry.gates.len());
+        drop(registry);
+        gates
+            .into_iter()
+            .map(|(seq, (_, sender))| {
+                // The receiver is gone only if the client left; nothing to do then.
+                let _ = sender.send(release.clone());
+                seq
+            })
+            .collect()
+    }
+
+    /// Zeroes the counters, forgets the recorded requests, releases every held
+    /// request and restores the behaviour given at start.
+    pub(crate) fn reset(&self) {
+        let mut registry = self.registry();
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+        registry.next_seq = 0;
+        registry.last.clear();
+        let gates = std::mem::take(&mut registry.gates);
+        self.held.send_replace(0);
+        for counter in [&self.calls, &self.completed, &self.failed, &self.resets] {
+            counter.store(0, Ordering::Relaxed);
+        }
+        self.set_behaviour(self.initial.clone());
+        drop(registry);
+        for (_, sender) in gates.into_values() {
+            let _ = sender.send(Release::default());
+        }
+    }
+
+    /// The held seqs, ascending.
+    pub(crate) fn held(&self) -> Vec<u64> {
+        self.registry().gates.keys().copied().collect()
+    }
+
+    /// Waits until at least `at_least` requests are held; false on shutdown.
+    pub(crate) async fn wait_held(&self, at_least: usize) -> bool {
+        let mut held = self.held.subscribe();
+        tokio::select! {
+            result = held.wait_for(|n| *n >= at_least) => result.is_ok(),
+            () = self.shutdown.cancelled() => false,
+        }
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let registry = self.registry();
+        let last_requests = registry
+            .last
+            .iter()
+            .map(|r| RecordedRequest {
+                seq: r.seq,
+                body: Value::clone(&r.body),
+                authorization: r.authorization.clone(),
+                stream: r.stream,
+            })
+            .collect();
+        Stats {
+            calls: self.calls.load(Ordering::Relaxed),
+            completed: self.completed.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            resets: self.resets.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            held: registry.gates.len() as u64,
+            last_requests,
+        }
+    }
+}
+
+/// Keeps `in_flight` counted while alive (for streams: until the last chunk).
+pub(crate) struct InFlight(Arc<Shared>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Removes a held request's gate when its handler stops waiting for any reason.
+struct Gate<'a> {
+    shared: &'a Shared,
+    seq: u64,
+    epoch: u64,
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        let mut registry = self.shared.registry();
+        // After a reset the same seq may belong to a newer request: only
+        // remove the gate if it is still ours.
+        if registry
+            .gates
+            .get(&self.seq)
+            .is_some_and(|(epoch, _)| *epoch == self.epoch)
+        {
+            registry.gates.remove(&self.seq);
+            self.shared.held.send_replace(registry.gates.len());
+        }
+    }
+}
