@@ -15,6 +15,8 @@
 mod answer;
 mod routes;
 mod state;
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,0 +1,623 @@
+#![expect(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use super::*;
+
+/// Safety net only: no test waits for it unless something is broken.
+const SAFETY: Duration = Duration::from_secs(5);
+
+async fn start(behaviour: Behaviour) -> MockServer {
+    MockServer::start("127.0.0.1:0".parse().unwrap(), behaviour)
+        .await
+        .unwrap()
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+fn chat(text: &str) -> Value {
+    json!({"model": "gpt-test", "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": text},
+    ]})
+}
+
+async fn post(client: &reqwest::Client, server: &MockServer, body: &Value) -> reqwest::Response {
+    client
+        .post(format!("{}/chat/completions", server.base_url()))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn control(client: &reqwest::Client, server: &MockServer, path: &str, body: Value) -> Value {
+    let response = client
+        .post(format!("http://{}/_mock/{path}", server.addr()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.status().is_success(),
+        "{path}: {}",
+        response.status()
+    );
+    response.json().await.unwrap()
+}
+
+/// Waits (long-poll, no sleeping) until at least `n` requests are held.
+async fn held(client: &reqwest::Client, server: &MockServer, n: usize) -> Vec<u64> {
+    let response = client
+        .get(format!(
+            "http://{}/_mock/held?at_least={n}&timeout_ms={}",
+            server.addr(),
+            SAFETY.as_millis()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        200,
+        "fewer than {n} requests held in time"
+    );
+    let body: Value = response.json().await.unwrap();
+    serde_json::from_value(body["held"].clone()).unwrap()
+}
+
+fn content(answer: &Value) -> &str {
+    answer["choices"][0]["message"]["content"].as_str().unwrap()
+}
+
+/// The `data:` payloads of an SSE body.
+fn events(text: &str) -> Vec<&str> {
+    text.split("\n\n")
+        .filter(|event| !event.is_empty())
+        .map(|event| event.strip_prefix("data: ").unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn plain_answer_has_the_openai_shape() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let response = post(&client, &server, &chat("hello there")).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["id"], "chatcmpl-mock-1");
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(answer["model"], "gpt-test");
+    assert_eq!(answer["system_fingerprint"], "fp_mock");
+    assert!(answer["created"].as_u64().unwrap() > 1_600_000_000);
+    assert_eq!(content(&answer), "mock answer #1 to: hello there");
+    assert_eq!(answer["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    let usage = &answer["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() >= 1);
+    assert!(usage["completion_tokens"].as_u64().unwrap() >= 1);
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(
+            usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+        )
+    );
+
+    // Without the /v1 prefix, and with n = 3.
+    let mut body = chat("again");
+    body["n"] = json!(3);
+    let response = client
+        .post(format!("http://{}/chat/completions", server.addr()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let answer: Value = response.json().await.unwrap();
+    let choices = answer["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    assert_eq!(choices[2]["index"], 2);
+    assert_eq!(choices[2]["message"]["content"], "mock answer #2 to: again");
+
+    let models: Value = client
+        .get(format!("{}/models", server.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["object"], "list");
+    assert!(!models["data"].as_array().unwrap().is_empty());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn stream_deltas_concatenate_to_the_plain_content() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let mut body = chat("tell me a story about a mock");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let response = post(&client, &server, &body).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let text = response.text().await.unwrap();
+    let events = events(&text);
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|event| serde_json::from_str(event).unwrap())
+        .collect();
+    assert!(chunks.len() > 4, "only {} chunks", chunks.len());
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    for chunk in &chunks {
+        assert_eq!(chunk["id"], "chatcmpl-mock-1");
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        assert_eq!(chunk["model"], "gpt-test");
+        assert_eq!(chunk["created"], chunks[0]["created"]);
+    }
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, content(&completion(&body, 1, None)));
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert!(usage["usage"]["total_tokens"].as_u64().unwrap() >= 2);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn stream_is_sent_chunk_by_chunk() {
+    // A chunk delay far longer than the safety net: if the answer were
+    // buffered, the first chunk could not arrive in time.
+    let server = start(Behaviour {
+        chunk_delay_ms: 60_000,
+        ..Behaviour::default()
+    })
+    .await;
+    let mut body = chat("slowly");
+    body["stream"] = json!(true);
+    let response = post(&client(), &server, &body).await;
+    let mut frames = response.bytes_stream();
+    let first = tokio::time::timeout(SAFETY, frames.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let first = std::str::from_utf8(&first).unwrap();
+    assert!(first.starts_with("data: "), "{first}");
+    assert!(first.contains("\"role\":\"assistant\""), "{first}");
+    assert_eq!(
+        server.stats().in_flight,
+        1,
+        "a stream is in flight until its end"
+    );
+    // Shutdown cuts the remaining delays short.
+    tokio::time::timeout(SAFETY, server.shutdown())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn calls_are_counted_on_arrival_including_held_and_failed() {
+    let server = start(Behaviour {
+        hold: true,
+        ..Behaviour::default()
+    })
+    .await;
+    let client = client();
+    let request = tokio::spawn({
+        let client = client.clone();
+        let url = format!("{}/chat/completions", server.base_url());
+        async move { client.post(url).json(&chat("wait")).send().await.unwrap() }
+    });
+    assert_eq!(held(&client, &server, 1).await, vec![1]);
+    let stats = server.stats();
+    assert_eq!((stats.calls, stats.held, stats.completed), (1, 1, 0));
+    assert_eq!(stats.in_flight, 1);
+
+    control(&client, &server, "release", json!({})).await;
+    assert_eq!(request.await.unwrap().status(), 200);
+    let stats = server.stats();
+    assert_eq!((stats.calls, stats.held, stats.completed), (1, 0, 1));
+
+    server.set_behaviour(Behaviour {
+        fail_status: Some(500),
+        ..Behaviour::default()
+    });
+    assert_eq!(post(&client, &server, &chat("fail")).await.status(), 500);
+    let stats = server.stats();
+    assert_eq!((stats.calls, stats.completed, stats.failed), (2, 1, 1));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn fail_status_sends_an_openai_error_and_retry_after() {
+    let server = start(Behaviour {
+        fail_status: Some(429),
+        retry_after: Some(7),
+        ..Behaviour::default()
+    })
+    .await;
+    let client = client();
+    let response = post(&client, &server, &chat("too many")).await;
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "7");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    assert_eq!(body["error"]["message"], "mock failure");
+    assert_eq!(body["error"]["param"], Value::Null);
+
+    server.set_behaviour(Behaviour {
+        fail_status: Some(503),
+        ..Behaviour::default()
+    });
+    let response = post(&client, &server, &chat("down")).await;
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().get("retry-after").is_none());
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "server_error");
+    assert_eq!(server.stats().failed, 2);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn release_by_seq_lets_a_test_choose_the_order() {
+    let server = start(Behaviour {
+        hold: true,
+        ..Behaviour::default()
+    })
+    .await;
+    let client = client();
+    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+    let send = |text: &'static str| {
+        let client = client.clone();
+        let done = done.clone();
+        let url = format!("{}/chat/completions", server.base_url());
+        tokio::spawn(async move {
+            let answer: Value = client
+                .post(url)
+                .json(&chat(text))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            done.send(content(&answer).to_owned()).unwrap();
+        })
+    };
+    let first = send("first");
+    assert_eq!(held(&client, &server, 1).await, vec![1]);
+    let second = send("second");
+    assert_eq!(held(&client, &server, 2).await, vec![1, 2]);
+
+    let released = control(&client, &server, "release", json!({"seq": 2})).await;
+    assert_eq!(released["released"], json!([2]));
+    second.await.unwrap();
+    let answer = finished.recv().await.unwrap();
+    assert_eq!(answer, "mock answer #2 to: second");
+    assert_eq!(server.stats().held, 1);
+    assert!(!first.is_finished());
+
+    let released = control(
+        &client,
+        &server,
+        "release",
+        json!({"seq": 1, "content": "chosen"}),
+    )
+    .await;
+    assert_eq!(released["released"], json!([1]));
+    first.await.unwrap();
+    assert_eq!(finished.recv().await.unwrap(), "chosen");
+
+    // Releasing what is not held releases nothing.
+    let released = control(&client, &server, "release", json!({"seq": 1})).await;
+    assert_eq!(released["released"], json!([]));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn release_can_choose_an_error_status() {
+    let server = start(Behaviour {
+        hold: true,
+        retry_after: Some(2),
+        ..Behaviour::default()
+    })
+    .await;
+    let client = client();
+    let request = tokio::spawn({
+        let client = client.clone();
+        let url = format!("{}/chat/completions", server.base_url());
+        async move { client.post(url).json(&chat("x")).send().await.unwrap() }
+    });
+    held(&client, &server, 1).await;
+    control(&client, &server, "release", json!({"status": 502})).await;
+    let response = request.await.unwrap();
+    assert_eq!(response.status(), 502);
+    assert_eq!(response.headers()["retry-after"], "2");
+    assert_eq!(server.stats().failed, 1);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn reset_releases_hung_requests_and_zeroes_counters() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    post(&client, &server, &chat("before")).await;
+    server.set_behaviour(Behaviour {
+        hang: true,
+        ..Behaviour::default()
+    });
+    let request = tokio::spawn({
+        let client = client.clone();
+        let url = format!("{}/chat/completions", server.base_url());
+        async move { client.post(url).json(&chat("hung")).send().await.unwrap() }
+    });
+    assert_eq!(held(&client, &server, 1).await, vec![2]);
+
+    let stats: Stats =
+        serde_json::from_value(control(&client, &server, "reset", json!({})).await).unwrap();
+    assert_eq!((stats.calls, stats.completed, stats.held), (0, 0, 0));
+    assert!(stats.last_requests.is_empty());
+    let response = request.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(content(&answer), "mock answer #2 to: hung");
+
+    // The start behaviour is back (no hang), numbering starts again from 1,
+    // and the request released by the reset was not counted after it.
+    let answer: Value = post(&client, &server, &chat("after"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(content(&answer), "mock answer #1 to: after");
+    let stats = server.stats();
+    assert_eq!((stats.calls, stats.completed), (1, 1));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn reset_rate_drops_the_connection() {
+    let server = start(Behaviour {
+        reset_rate: 1.0,
+        ..Behaviour::default()
+    })
+    .await;
+    let result = client()
+        .post(format!("{}/chat/completions", server.base_url()))
+        .json(&chat("drop me"))
+        .send()
+        .await;
+    // hyper's IncompleteMessage: the connection closed before any status line.
+    let err = result.unwrap_err();
+    assert!(err.status().is_none() && err.is_request(), "{err:?}");
+    let stats = server.stats();
+    assert_eq!((stats.calls, stats.resets, stats.completed), (1, 1, 0));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn last_requests_record_authorization_and_body() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    client
+        .post(format!("{}/chat/completions", server.base_url()))
+        .bearer_auth("sk-test-1")
+        .json(&chat("one"))
+        .send()
+        .await
+        .unwrap();
+    let mut body = chat("two");
+    body["stream"] = json!(true);
+    post(&client, &server, &body).await.text().await.unwrap();
+
+    let stats: Stats = client
+        .get(format!("http://{}/_mock/stats", server.addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let last = &stats.last_requests;
+    assert_eq!(last.len(), 2);
+    assert_eq!(last[0].seq, 1);
+    assert_eq!(last[0].authorization.as_deref(), Some("Bearer sk-test-1"));
+    assert_eq!(last[0].body, chat("one"));
+    assert!(!last[0].stream);
+    assert_eq!((last[1].seq, last[1].authorization.as_deref()), (2, None));
+    assert!(last[1].stream);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_json_is_counted_and_refused() {
+    let server = start(Behaviour::default()).await;
+    let response = client()
+        .post(format!("{}/chat/completions", server.base_url()))
+        .body("not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let stats = server.stats();
+    assert_eq!((stats.calls, stats.failed), (1, 1));
+    assert_eq!(stats.last_requests[0].body, json!("not json"));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn held_long_poll_times_out_with_408() {
+    let server = start(Behaviour::default()).await;
+    let response = client()
+        .get(format!(
+            "http://{}/_mock/held?at_least=1&timeout_ms=20",
+            server.addr()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 408);
+    assert_eq!(response.json::<Value>().await.unwrap(), json!({"held": []}));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn behaviour_put_replaces_and_patch_merges() {
+    let start_behaviour = Behaviour {
+        latency_ms: 1,
+        ..Behaviour::default()
+    };
+    let server = start(start_behaviour.clone()).await;
+    let client = client();
+    let url = format!("http://{}/_mock/behaviour", server.addr());
+    let put: Behaviour = client
+        .put(&url)
+        .json(&json!({"fail_status": 500, "retry_after": 3}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        put,
+        Behaviour {
+            fail_status: Some(500),
+            retry_after: Some(3),
+            ..Behaviour::default()
+        }
+    );
+    let patched: Behaviour = client
+        .patch(&url)
+        .json(&json!({"fail_status": null, "content": "fixed"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        patched,
+        Behaviour {
+            retry_after: Some(3),
+            content: Some("fixed".into()),
+            ..Behaviour::default()
+        }
+    );
+    let answer: Value = post(&client, &server, &chat("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(content(&answer), "fixed");
+
+    control(&client, &server, "reset", json!({})).await;
+    let now: Behaviour = client.get(&url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(now, start_behaviour);
+    server.shutdown().await;
+}
+
+#[test]
+fn generated_content_echoes_the_last_user_text_truncated() {
+    let long = "é".repeat(300);
+    let request = json!({"model": "m", "messages": [
+        {"role": "user", "content": "old"},
+        {"role": "assistant", "content": "reply"},
+        {"role": "user", "content": [
+            {"type": "text", "text": long},
+            {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+        ]},
+    ]});
+    let answer = completion(&request, 9, None);
+    let expected = format!("mock answer #9 to: {}", "é".repeat(200));
+    assert_eq!(content(&answer), expected);
+    assert_eq!(content(&completion(&request, 9, Some("set"))), "set");
+    assert_eq!(
+        content(&completion(&json!({}), 1, None)),
+        "mock answer #1 to: "
+    );
+    assert_eq!(completion(&json!({}), 1, None)["model"], "mock");
+}
+
+#[test]
+fn chunks_cover_every_choice_and_only_add_usage_when_asked() {
+    let mut request = chat("a b c");
+    request["n"] = json!(2);
+    let chunks: Vec<Value> = completion_chunks(&request, 4, None)
+        .iter()
+        .map(|chunk| serde_json::from_str(chunk).unwrap())
+        .collect();
+    assert!(chunks.iter().all(|chunk| chunk.get("usage").is_none()));
+    for index in 0..2 {
+        let text: String = chunks
+            .iter()
+            .filter(|chunk| chunk["choices"][0]["index"] == index)
+            .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, "mock answer #4 to: a b c");
+        let finishes = chunks
+            .iter()
+            .filter(|chunk| {
+                chunk["choices"][0]["index"] == index
+                    && chunk["choices"][0]["finish_reason"] == "stop"
+            })
+            .count();
+        assert_eq!(finishes, 1);
+    }
+
+    request["stream_options"] = json!({"include_usage": true});
+    let chunks = completion_chunks(&request, 4, None);
+    let last: Value = serde_json::from_str(chunks.last().unwrap()).unwrap();
+    let plain = completion(&request, 4, None);
+    assert_eq!(last["usage"], plain["usage"]);
+    let first: Value = serde_json::from_str(&chunks[0]).unwrap();
+    assert_eq!(first["usage"], Value::Null);
+}
+
+#[tokio::test]
+async fn concurrent_calls_each_get_their_own_seq() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let client = client.clone();
+            let url = format!("{}/chat/completions", server.base_url());
+            tokio::spawn(async move {
+                let answer: Value = client
+                    .post(url)
+                    .json(&chat("same"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                answer["id"].as_str().unwrap().to_owned()
+            })
+        })
+        .collect();
+    let mut ids = std::collections::HashSet::new();
+    for task in tasks {
+        assert!(ids.insert(task.await.unwrap()));
+    }
+    assert!(ids.contains("chatcmpl-mock-1") && ids.contains("chatcmpl-mock-100"));
+    let stats = server.stats();
+    assert_eq!(
+        (stats.calls, stats.completed, stats.in_flight),
+        (100, 100, 0)
+    );
+    assert_eq!(stats.last_requests.len(), 50);
+    server.shutdown().await;
+}
