@@ -56,6 +56,7 @@ pub struct Flight {
     epoch: Instant,
     lease_until_ms: AtomicU64,
     superseded: AtomicBool,
+    followers: AtomicU64,
 }
 
 impl std::fmt::Debug for Flight {
@@ -76,6 +77,7 @@ impl Flight {
             epoch,
             lease_until_ms: AtomicU64::new(0),
             superseded: AtomicBool::new(false),
+            followers: AtomicU64::new(0),
         };
         f.renew(lease);
         f
@@ -297,7 +299,10 @@ impl FlightTable {
     /// Becomes the leader of `key`, or a follower of its flight in progress.
     pub fn join(self: &Arc<Self>, key: FlightKey, lease: Duration) -> Joined {
         match self.map.entry(key) {
-            Entry::Occupied(e) => Joined::Follower(e.get().clone()),
+            Entry::Occupied(e) => {
+                e.get().followers.fetch_add(1, Ordering::Relaxed);
+                Joined::Follower(e.get().clone())
+            }
             Entry::Vacant(v) => {
                 let flight = Arc::new(Flight::new(key, self.epoch, lease));
                 v.insert(flight.clone());
@@ -342,6 +347,14 @@ impl FlightTable {
         drop(slot);
         self.on_start();
         Some(self.ticket(flight, true))
+    }
+
+    /// Followers that joined the flights listed now (for observing a wave).
+    pub fn followers(&self) -> u64 {
+        self.map
+            .iter()
+            .map(|e| e.value().followers.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// The flight listed for `key`, if any.

@@ -1,0 +1,308 @@
+//! The gateway foundation: proxying (plain and streamed), headers, input
+//! validation, authentication, and graceful shutdown.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idem::mock_upstream::Behaviour;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn a_plain_completion_is_proxied_with_the_upstream_model_and_idem_headers() {
+    let app = TestApp::spawn().await;
+    let r = app.chat(ACME, &chat_body("hello there")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert_eq!(r.headers()["idem-outcome"], "leader");
+    let fp = r.headers()["idem-fingerprint"].to_str().unwrap().to_string();
+    assert!(fp.starts_with("v1:") && fp.len() == 67, "{fp}");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(content_of(&v), "mock answer #1 to: hello there");
+    // The provider saw the upstream model, and never the client's key.
+    let seen = &app.mock.stats().last_requests[0];
+    assert_eq!(seen.body["model"], "gpt-4o-mini");
+    assert_eq!(seen.body["messages"][0]["content"], "hello there");
+    assert_eq!(seen.authorization, None);
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test]
+async fn unknown_request_fields_reach_the_provider_untouched() {
+    let app = TestApp::spawn().await;
+    let body = json!({"model": "bot", "messages": [{"role": "user", "content": "x"}],
+                      "x_vendor": {"b": [1, 2.5, "z"], "a": null}, "temperature": 0.7});
+    assert_eq!(app.chat(ACME, &body).await.status(), 200);
+    let seen = &app.mock.stats().last_requests[0].body;
+    assert_eq!(seen["x_vendor"], body["x_vendor"]);
+    assert_eq!(seen["temperature"], 0.7);
+}
+
+#[tokio::test]
+async fn a_streamed_completion_is_relayed_chunk_by_chunk() {
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            chunk_delay_ms: 150,
+            ..Behaviour::default()
+        },
+        ..Spec::default()
+    })
+    .await;
+    let mut body = chat_body("one two three four five six");
+    body["stream"] = json!(true);
+    let r = app.chat(ACME, &body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    assert_eq!(r.headers()["idem-outcome"], "leader");
+    let mut stream = r.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "), "{first:?}");
+    // The first event reached the client while the provider was still
+    // sending: nothing waited for the whole answer.
+    assert_eq!(app.mock.stats().in_flight, 1, "the gateway buffered the stream");
+    let mut text = String::from_utf8(first.to_vec()).unwrap();
+    while let Some(chunk) = stream.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert_eq!(
+        sse_content(&text),
+        "mock answer #1 to: one two three four five six"
+    );
+}
+
+#[tokio::test]
+async fn models_lists_the_routes() {
+    let app = TestApp::with(Spec {
+        extra: "[[routes]]\nmodel = \"second\"\ntargets = [{ provider = \"primary\", model = \"m2\" }]\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let (status, v) = app.get_json(ACME, "/v1/models").await;
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec!["bot", "second"]);
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let app = TestApp::spawn().await;
+    let r = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = app.client.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["storage"], "ok");
+}
+
+#[tokio::test]
+async fn every_bad_request_gets_its_error_object_and_no_upstream_call() {
+    let app = TestApp::spawn().await;
+    let url = app.url("/v1/chat/completions");
+    let post = |body: Vec<u8>| {
+        app.client
+            .post(&url)
+            .bearer_auth(ACME)
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let deep_obj = format!(
+        r#"{{"model":"bot","messages":[{{"role":"user","content":"x"}}],"x":{}}}"#,
+        "[".repeat(100) + &"]".repeat(100)
+    );
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("empty body", vec![], 400, "invalid_json"),
+        ("truncated JSON", br#"{"model":"bot","messages":["#.to_vec(), 400, "invalid_json"),
+        ("not JSON", b"model=bot".to_vec(), 400, "invalid_json"),
+        ("invalid UTF-8", b"{\"model\":\"\xff\xfe\"}".to_vec(), 400, "invalid_json"),
+        ("an array", b"[1,2,3]".to_vec(), 400, "invalid_type"),
+        ("deep nesting", deep.into_bytes(), 400, "nesting_too_deep"),
+        ("deep nesting inside", deep_obj.into_bytes(), 400, "nesting_too_deep"),
+        ("no model", br#"{"messages":[{"role":"user","content":"x"}]}"#.to_vec(), 400, "missing_required_parameter"),
+        ("model a number", br#"{"model":5,"messages":[{"role":"user","content":"x"}]}"#.to_vec(), 400, "invalid_type"),
+        ("messages a string", br#"{"model":"bot","messages":"hi"}"#.to_vec(), 400, "invalid_type"),
+        ("no messages", br#"{"model":"bot","messages":[]}"#.to_vec(), 400, "invalid_value"),
+        ("bad role", br#"{"model":"bot","messages":[{"role":"root","content":"x"}]}"#.to_vec(), 400, "invalid_value"),
+        ("content a number", br#"{"model":"bot","messages":[{"role":"user","content":1}]}"#.to_vec(), 400, "invalid_type"),
+        ("temperature too high", br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"temperature":3}"#.to_vec(), 400, "invalid_value"),
+        ("negative max_tokens", br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#.to_vec(), 400, "invalid_value"),
+        ("stream a string", br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#.to_vec(), 400, "invalid_type"),
+        ("NaN", br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"temperature":NaN}"#.to_vec(), 400, "invalid_json"),
+        ("unknown model", br#"{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}"#.to_vec(), 404, "model_not_found"),
+        ("too large", vec![b' '; 70_000], 413, "request_too_large"),
+    ];
+    for (name, body, status, code) in cases {
+        let r = post(body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{name}");
+        let v: Value = r.json().await.unwrap_or_else(|e| panic!("{name}: body is not JSON: {e}"));
+        assert_eq!(v["error"]["code"], code, "{name}: {v}");
+        assert!(v["error"]["message"].is_string(), "{name}");
+        assert!(v["error"]["type"].is_string(), "{name}");
+        assert!(v["error"].as_object().unwrap().contains_key("param"), "{name}");
+    }
+    // A body over the limit without a content-length (chunked) is refused too.
+    let chunks = futures_util::stream::iter((0..20).map(|_| Ok::<_, std::io::Error>(vec![b' '; 5000])));
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth(ACME)
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_error(r, 413, "request_too_large").await;
+    assert_eq!(app.calls(), 0, "a bad request reached the provider");
+    // And the gateway still serves.
+    assert_eq!(app.chat(ACME, &chat_body("still alive")).await.status(), 200);
+}
+
+#[tokio::test]
+async fn wrong_or_missing_keys_are_401_and_admin_keys_cannot_chat() {
+    let app = TestApp::spawn().await;
+    let url = app.url("/v1/chat/completions");
+    let body = chat_body("x");
+    let r = app.client.post(&url).json(&body).send().await.unwrap();
+    let v = assert_error(r, 401, "invalid_api_key").await;
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    let r = app.client.post(&url).bearer_auth("sk-nope-nope").json(&body).send().await.unwrap();
+    assert_error(r, 401, "invalid_api_key").await;
+    let r = app.client.post(&url).header("authorization", ACME).json(&body).send().await.unwrap();
+    assert_error(r, 401, "invalid_api_key").await;
+    let r = app.client.post(&url).bearer_auth(ADMIN).json(&body).send().await.unwrap();
+    assert_error(r, 403, "tenant_key_required").await;
+    // The error never echoes the presented key.
+    let r = app.client.post(&url).bearer_auth("sk-secret-guess").json(&body).send().await.unwrap();
+    assert!(!r.text().await.unwrap().contains("sk-secret-guess"));
+    assert_eq!(app.calls(), 0);
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_get_error_objects() {
+    let app = TestApp::spawn().await;
+    let r = app.client.get(app.url("/v1/nothing")).bearer_auth(ACME).send().await.unwrap();
+    assert_error(r, 404, "not_found").await;
+    let r = app.client.get(app.url("/v1/chat/completions")).bearer_auth(ACME).send().await.unwrap();
+    assert_error(r, 405, "method_not_allowed").await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_requests_in_progress_then_exits() {
+    let mocks = start_mocks(&Spec {
+        primary: Behaviour {
+            hold: true,
+            ..Behaviour::default()
+        },
+        ..Spec::default()
+    })
+    .await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let config = dir.join("idem.toml");
+    std::fs::write(&config, config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0")).unwrap();
+    let mut proc = Proc::start(&config, &[]).await;
+    let client = client();
+    let url = format!("{}/v1/chat/completions", proc.base);
+    let pending = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            client
+                .post(url)
+                .bearer_auth(ACME)
+                .json(&chat_body("in flight at shutdown"))
+                .send()
+                .await
+        }
+    });
+    held(&mocks.primary, 1).await;
+    proc.signal("TERM");
+    // New connections are refused once the listener has closed.
+    eventually_async(Duration::from_secs(10), || {
+        let client = client.clone();
+        let url = format!("{}/healthz", proc.base);
+        async move { client.get(url).send().await.is_err() }
+    })
+    .await;
+    release(&mocks.primary, None).await;
+    let r = pending.await.unwrap().unwrap();
+    assert_eq!(r.status(), 200, "the request in progress was not finished");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(content_of(&v), "mock answer #1 to: in flight at shutdown");
+    let status = tokio::time::timeout(Duration::from_secs(10), proc.child.wait())
+        .await
+        .expect("idem did not exit after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let log = proc.drain().join("\n");
+    assert!(log.contains("shutting down"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn provider_keys_come_from_the_environment_and_client_keys_never_travel() {
+    let mocks = start_mocks(&Spec::default()).await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let text = config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0")
+        .replace("timeout = \"30s\"\n", "timeout = \"30s\"\napi_key_env = \"IDEM_TEST_PRIMARY_KEY\"\n");
+    let config = dir.join("idem.toml");
+    std::fs::write(&config, text).unwrap();
+    let mut proc = Proc::start(&config, &[("IDEM_TEST_PRIMARY_KEY", "sk-provider-secret")]).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", proc.base))
+        .bearer_auth(ACME)
+        .json(&chat_body("who are you"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = &mocks.primary.stats().last_requests[0];
+    assert_eq!(seen.authorization.as_deref(), Some("Bearer sk-provider-secret"));
+    proc.signal("TERM");
+    let _ = proc.child.wait().await;
+    // Neither key appears in the gateway's log.
+    let log = proc.drain().join("\n");
+    assert!(!log.contains("sk-provider-secret"), "provider key logged");
+    assert!(!log.contains(ACME), "client key logged");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn config_errors_name_the_file_and_the_key() {
+    let dir = temp_dir();
+    let config = dir.join("broken.toml");
+    std::fs::write(
+        &config,
+        "[[providers]]\nname = \"p\"\nkind = \"mock\"\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"q\", model = \"x\" }]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("broken.toml"), "{err}");
+    assert!(err.contains("routes[0].targets[0].provider"), "{err}");
+    // An environment override reaches a key (and a typo'd one is refused).
+    std::fs::write(&config, "[server]\nlisten = \"127.0.0.1:1\"\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["check", "--config"])
+        .arg(&config)
+        .env("IDEM_SERVER__LISTN", "127.0.0.1:2")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("listn"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["check", "--config"])
+        .arg(&config)
+        .env("IDEM_SERVER__LISTEN", "not-an-address")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.listen"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,528 @@
+//! Test harness: a real idem gateway on port 0, in this process or as a
+//! child process, in front of mock providers that tests hold and release,
+//! on a fresh SQLite file or a fresh PostgreSQL schema.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use idem::app::App;
+use idem::config::{Config, Source};
+use idem::http::AppState;
+use idem::mock_upstream::{Behaviour, MockServer};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::oneshot;
+
+pub const ACME: &str = "sk-acme-test-1";
+pub const BETA: &str = "sk-beta-test-1";
+pub const ADMIN: &str = "admin-test-secret";
+
+/// PostgreSQL for tests: `IDEM_TEST_DATABASE_URL`, default the local server.
+pub fn pg_url() -> String {
+    std::env::var("IDEM_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A fresh, empty PostgreSQL schema for one test; the URL selects it.
+pub async fn pg_schema() -> String {
+    let url = pg_url();
+    let schema = format!("idem_it_{}", uuid::Uuid::now_v7().simple());
+    let conn = sqlx_connect(&url).await;
+    sqlx_exec(&conn, &format!("CREATE SCHEMA {schema}")).await;
+    format!("{url}?options=-c%20search_path%3D{schema}")
+}
+
+async fn sqlx_connect(url: &str) -> sqlx::PgPool {
+    match sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => panic!(
+            "PostgreSQL not reachable at {url}: {e}. Start it with: \
+             pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+        ),
+    }
+}
+
+async fn sqlx_exec(pool: &sqlx::PgPool, sql: &str) {
+    sqlx::query(sql).execute(pool).await.unwrap();
+}
+
+/// What a test gateway looks like. The default: tenants `acme` and `beta`,
+/// an admin key, one route `bot` on the primary mock, SQLite.
+#[derive(Clone)]
+pub struct Spec {
+    pub primary: Behaviour,
+    /// A second provider `fallback`, the route's second target.
+    pub fallback: Option<Behaviour>,
+    /// Plain keys of the `[[routes]]` table (`normalize = "casefold"`).
+    pub route: String,
+    pub cache: String,
+    pub coalesce: String,
+    pub attempts: String,
+    pub server: String,
+    pub jobs: String,
+    pub provider_timeout: String,
+    /// Extra TOML appended at the end (more routes).
+    pub extra: String,
+    pub postgres: bool,
+    /// An explicit storage URL (shared by several gateways).
+    pub storage_url: Option<String>,
+}
+
+impl Default for Spec {
+    fn default() -> Self {
+        Spec {
+            primary: Behaviour::default(),
+            fallback: None,
+            route: String::new(),
+            cache: String::new(),
+            coalesce: String::new(),
+            attempts: String::new(),
+            server: String::new(),
+            jobs: "reconcile_interval = \"200ms\"\npoll_interval = \"200ms\"\n".into(),
+            provider_timeout: "30s".into(),
+            extra: String::new(),
+            postgres: false,
+            storage_url: None,
+        }
+    }
+}
+
+pub struct Mocks {
+    pub primary: MockServer,
+    pub fallback: Option<MockServer>,
+}
+
+/// Writes the config text for `spec`; `db` is the storage URL.
+pub fn config_text(spec: &Spec, mocks: &Mocks, db: &str, listen: &str) -> String {
+    let mut t = format!(
+        r#"
+[server]
+listen = "{listen}"
+max_body_bytes = 65536
+shutdown_grace = "5s"
+{server}
+[storage]
+url = "{db}"
+max_connections = 8
+[jobs]
+{jobs}
+[log]
+format = "json"
+[admin]
+api_keys = ["{ADMIN}"]
+[[tenants]]
+name = "acme"
+api_keys = ["{ACME}"]
+[[tenants]]
+name = "beta"
+api_keys = ["{BETA}"]
+[[providers]]
+name = "primary"
+kind = "openai"
+base_url = "{primary}"
+timeout = "{timeout}"
+"#,
+        server = spec.server,
+        jobs = spec.jobs,
+        primary = mocks.primary.base_url(),
+        timeout = spec.provider_timeout,
+    );
+    if let Some(f) = &mocks.fallback {
+        t.push_str(&format!(
+            "[[providers]]\nname = \"fallback\"\nkind = \"openai\"\nbase_url = \"{}\"\ntimeout = \"{}\"\n",
+            f.base_url(),
+            spec.provider_timeout
+        ));
+    }
+    let targets = if mocks.fallback.is_some() {
+        r#"[{ provider = "primary", model = "gpt-4o-mini" }, { provider = "fallback", model = "llama-3.1-8b" }]"#
+    } else {
+        r#"[{ provider = "primary", model = "gpt-4o-mini" }]"#
+    };
+    t.push_str(&format!(
+        "[[routes]]\nmodel = \"bot\"\ntargets = {targets}\n{}\n[routes.cache]\n{}\n[routes.coalesce]\n{}\n[routes.attempts]\n{}\n",
+        spec.route, spec.cache, spec.coalesce, spec.attempts
+    ));
+    t.push_str(&spec.extra);
+    t
+}
+
+/// A gateway running in this process.
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub mock: MockServer,
+    pub fallback: Option<MockServer>,
+    pub state: AppState,
+    pub dir: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+pub fn temp_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("idem-test-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub async fn start_mocks(spec: &Spec) -> Mocks {
+    let lo: SocketAddr = ([127, 0, 0, 1], 0).into();
+    let primary = MockServer::start(lo, spec.primary.clone()).await.unwrap();
+    let fallback = match &spec.fallback {
+        Some(b) => Some(MockServer::start(lo, b.clone()).await.unwrap()),
+        None => None,
+    };
+    Mocks { primary, fallback }
+}
+
+pub async fn storage_url(spec: &Spec, dir: &Path) -> String {
+    if let Some(u) = &spec.storage_url {
+        return u.clone();
+    }
+    if spec.postgres {
+        pg_schema().await
+    } else {
+        format!("sqlite://{}", dir.join("idem.db").display())
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(2048)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        TestApp::with(Spec::default()).await
+    }
+
+    pub async fn with(spec: Spec) -> TestApp {
+        let mocks = start_mocks(&spec).await;
+        let dir = temp_dir();
+        let db = storage_url(&spec, &dir).await;
+        let text = config_text(&spec, &mocks, &db, "127.0.0.1:0");
+        let config = Config::from_toml_str(&text, Source::Embedded, false).unwrap();
+        let app = App::build(config).await.unwrap();
+        let base = format!("http://127.0.0.1:{}", app.port());
+        let state = app.state().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(app.run(async move {
+            let _ = stopped.await;
+        }));
+        TestApp {
+            base,
+            client: client(),
+            mock: mocks.primary,
+            fallback: mocks.fallback,
+            state,
+            dir,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A chat completion as tenant `key`.
+    pub async fn chat(&self, key: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(self.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn chat_with(&self, key: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut r = self.client.post(self.url("/v1/chat/completions")).bearer_auth(key).json(body);
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        r.send().await.unwrap()
+    }
+
+    pub async fn get_json(&self, key: &str, path: &str) -> (u16, Value) {
+        let r = self.client.get(self.url(path)).bearer_auth(key).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post_json(&self, key: &str, path: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut r = self.client.post(self.url(path)).bearer_auth(key).json(body);
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        r.send().await.unwrap()
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.client.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap()
+    }
+
+    /// Upstream calls the primary mock has seen.
+    pub fn calls(&self) -> u64 {
+        self.mock.stats().calls
+    }
+
+    /// Waits until followers have joined flights, so a wave is known to be
+    /// coalescing before the test releases the provider.
+    pub async fn until_followers(&self, n: u64) {
+        let table = &self.state.coalescer.table;
+        eventually(Duration::from_secs(30), || table.followers() >= n).await;
+    }
+
+    /// Waits until no flight is in progress.
+    pub async fn until_no_flights(&self) {
+        let table = &self.state.coalescer.table;
+        eventually(Duration::from_secs(30), || table.inflight() == 0 && table.is_empty()).await;
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Polls `cond` until it holds; fails the test after `limit`. This waits
+/// on observable state, never on elapsed time alone.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "condition not reached within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Async variant of [`eventually`].
+pub async fn eventually_async<F, Fut>(limit: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !cond().await {
+        assert!(start.elapsed() < limit, "condition not reached within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the mock holds at least `n` requests; returns their seqs.
+pub async fn held(mock: &MockServer, n: usize) -> Vec<u64> {
+    let url = format!("http://{}/_mock/held?at_least={n}&timeout_ms=20000", mock.addr());
+    let r = reqwest::get(&url).await.unwrap();
+    assert_eq!(r.status(), 200, "the mock did not hold {n} requests in time");
+    let v: Value = r.json().await.unwrap();
+    v["held"].as_array().unwrap().iter().map(|s| s.as_u64().unwrap()).collect()
+}
+
+/// Releases held requests: all (`seq: None`) or one.
+pub async fn release(mock: &MockServer, seq: Option<u64>) {
+    let body = match seq {
+        Some(s) => json!({"seq": s}),
+        None => json!({}),
+    };
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/_mock/release", mock.addr()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+pub async fn release_with(mock: &MockServer, body: Value) {
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/_mock/release", mock.addr()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+pub fn chat_body(content: &str) -> Value {
+    json!({"model": "bot", "messages": [{"role": "user", "content": content}]})
+}
+
+/// The assistant content of a plain completion.
+pub fn content_of(v: &Value) -> String {
+    v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string()
+}
+
+/// Concatenated delta contents of an SSE body; asserts it ends with [DONE].
+pub fn sse_content(text: &str) -> String {
+    assert!(text.trim_end().ends_with("data: [DONE]"), "stream does not end with [DONE]: {text}");
+    let mut out = String::new();
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk", "{data}");
+        if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+            out.push_str(c);
+        }
+    }
+    out
+}
+
+/// An OpenAI error object with this status and code.
+pub async fn assert_error(resp: reqwest::Response, status: u16, code: &str) -> Value {
+    assert_eq!(resp.status().as_u16(), status, "status");
+    let v: Value = resp.json().await.unwrap();
+    let e = &v["error"];
+    assert_eq!(e["code"], code, "{v}");
+    assert!(e["message"].is_string() && e["type"].is_string(), "{v}");
+    assert!(e.as_object().unwrap().contains_key("param"), "{v}");
+    v
+}
+
+/// Fires `n` identical requests at once; returns (status, outcome, body).
+pub async fn wave(app: &TestApp, key: &str, body: &Value, n: usize) -> Vec<tokio::task::JoinHandle<(u16, String, String)>> {
+    (0..n)
+        .map(|_| {
+            let (client, url, key, body) = (app.client.clone(), app.url("/v1/chat/completions"), key.to_string(), body.clone());
+            tokio::spawn(async move {
+                let r = client.post(url).bearer_auth(key).json(&body).send().await.unwrap();
+                let status = r.status().as_u16();
+                let outcome = r
+                    .headers()
+                    .get("idem-outcome")
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default();
+                (status, outcome, r.text().await.unwrap())
+            })
+        })
+        .collect()
+}
+
+pub async fn collect<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+pub fn count_by<T, K: std::hash::Hash + Eq>(items: &[T], key: impl Fn(&T) -> K) -> HashMap<K, usize> {
+    let mut m = HashMap::new();
+    for i in items {
+        *m.entry(key(i)).or_insert(0) += 1;
+    }
+    m
+}
+
+/// A gateway as a child process (`idem serve --config FILE`).
+pub struct Proc {
+    pub child: tokio::process::Child,
+    pub base: String,
+    pub lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl Proc {
+    /// Starts `idem serve` on `config` (listen must be port 0) and waits for
+    /// its listening line.
+    pub async fn start(config: &Path, envs: &[(&str, &str)]) -> Proc {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env_remove("IDEM_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let (ltx, lrx) = tokio::sync::mpsc::unbounded_channel();
+        let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = rx.recv().await {
+                let _ = ltx.send(line.clone());
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && v["message"] == "idem listening"
+                {
+                    return v["addr"].as_str().unwrap().to_string();
+                }
+            }
+            panic!("idem exited before listening");
+        })
+        .await
+        .expect("idem did not start listening within 30 s");
+        tokio::spawn(async move {
+            while let Some(line) = rx.recv().await {
+                if ltx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc {
+            child,
+            base: format!("http://{addr}"),
+            lines: lrx,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap()
+    }
+
+    /// Sends a signal with the `kill` command (no unsafe code in tests).
+    pub fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Everything the process printed so far.
+    pub fn drain(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(l) = self.lines.try_recv() {
+            out.push(l);
+        }
+        out
+    }
+}
