@@ -10,3 +10,4 @@
 //! test double for providers.
 
 pub mod config;
+pub mod store;

@@ -1,0 +1,396 @@
+//! Durable storage of jobs, attempts and certifications, behind one trait
+//! with two implementations: SQLite (the embedded default, WAL) and
+//! PostgreSQL (several replicas). Both run the same test suite.
+//!
+//! The rules that must hold under concurrency live here, in SQL, not in
+//! Rust read-then-write sequences: `(tenant, idempotency_key)` is UNIQUE and
+//! creation races are settled by `INSERT ... ON CONFLICT`; an attempt starts
+//! only if no other attempt of the job is `starting`, `running` or `unknown`
+//! (hedges excepted), checked and written in one transaction that holds the
+//! job row; a job is completed only by compare-and-swap on its `version`.
+//!
+//! Times are milliseconds since the Unix epoch (`BIGINT`), ids are text
+//! (UUID v7), requests and results are stored as the exact JSON text.
+
+pub mod postgres;
+pub mod sqlite;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+/// Storage failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached (connection refused, pool timeout).
+    #[error("storage unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("storage error: {0}")]
+    Database(#[source] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    #[error("unsupported storage url (expected sqlite:// or postgres://)")]
+    UnsupportedUrl,
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
+                StoreError::Unavailable(e)
+            }
+            other => StoreError::Database(other),
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Job states (SPEC section 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 5] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|j| j.as_str() == s)
+    }
+
+    /// Succeeded or cancelled: nothing can change the job any more.
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Cancelled)
+    }
+}
+
+/// Attempt states (SPEC section 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttemptState {
+    /// Row written before the request leaves.
+    Starting,
+    /// The provider answered with headers; streaming in progress.
+    Running,
+    Succeeded,
+    /// The provider certainly did not do the work.
+    Failed,
+    /// idem cannot know whether the provider did the work. Holds the job.
+    Unknown,
+    /// Resolved out of band as cancelled.
+    Cancelled,
+    /// Finished with a result but lost the race to complete the job.
+    Discarded,
+}
+
+impl AttemptState {
+    pub const ALL: [AttemptState; 7] = [
+        AttemptState::Starting,
+        AttemptState::Running,
+        AttemptState::Succeeded,
+        AttemptState::Failed,
+        AttemptState::Unknown,
+        AttemptState::Cancelled,
+        AttemptState::Discarded,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptState::Starting => "starting",
+            AttemptState::Running => "running",
+            AttemptState::Succeeded => "succeeded",
+            AttemptState::Failed => "failed",
+            AttemptState::Unknown => "unknown",
+            AttemptState::Cancelled => "cancelled",
+            AttemptState::Discarded => "discarded",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<AttemptState> {
+        AttemptState::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+
+    /// States that block a new (non-hedge) attempt of the same job.
+    pub fn is_active(self) -> bool {
+        matches!(self, AttemptState::Starting | AttemptState::Running | AttemptState::Unknown)
+    }
+}
+
+/// A job to create.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub id: String,
+    pub tenant: String,
+    pub idempotency_key: String,
+    pub payload_hash: String,
+    pub fingerprint: String,
+    pub route: String,
+    /// The chat completion request, as JSON text.
+    pub request: String,
+    /// Client metadata, as JSON text.
+    pub metadata: Option<String>,
+    pub created_at: i64,
+}
+
+/// A job row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    pub id: String,
+    pub tenant: String,
+    pub idempotency_key: String,
+    pub payload_hash: String,
+    pub fingerprint: String,
+    pub route: String,
+    pub request: String,
+    pub metadata: Option<String>,
+    pub state: JobState,
+    pub version: i64,
+    pub completed_by: Option<i32>,
+    /// The winning attempt's answer, as JSON text.
+    pub result: Option<String>,
+    /// Why the job failed or was cancelled.
+    pub error: Option<String>,
+    /// A queued job is not claimed before this time (retry backoff).
+    pub not_before: i64,
+    pub claimed_by: Option<String>,
+    pub claim_until: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// An attempt row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    pub job_id: String,
+    pub n: i32,
+    pub provider: String,
+    pub model: String,
+    pub state: AttemptState,
+    pub reason: Option<String>,
+    pub hedge: bool,
+    /// The job version read when the attempt started (its CAS operand).
+    pub read_version: i64,
+    /// Which replica/worker runs it.
+    pub owner: Option<String>,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub lease_until: Option<i64>,
+}
+
+/// The result of [`Store::create_job`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    /// This call inserted the row.
+    New(JobRecord),
+    /// A row with this `(tenant, idempotency_key)` already existed; the
+    /// caller compares payload hashes.
+    Existing(JobRecord),
+}
+
+/// The result of [`Store::start_attempt`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartAttempt {
+    Started(AttemptRecord),
+    /// Another attempt is `starting`, `running` or `unknown`.
+    Busy,
+    /// The job is succeeded, failed or cancelled, or does not exist.
+    Closed,
+}
+
+/// The result of [`Store::complete`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Completion {
+    /// This attempt completed the job (the job as it is now).
+    Won(JobRecord),
+    /// Another attempt (or a cancel) got there first; this attempt is now
+    /// `discarded` and its result was not written anywhere.
+    Lost,
+}
+
+/// Where a listing continues (newest first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub created_at: i64,
+    pub id: String,
+}
+
+/// A certification run of one target against a route's contract.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Certification {
+    pub route: String,
+    pub provider: String,
+    pub model: String,
+    pub contract_hash: String,
+    pub passed: bool,
+    /// JSON text: the failures found (empty array when passed).
+    pub failures: String,
+    pub certified_at: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The storage interface. Every method is one short transaction (or one
+/// statement); none holds a lock across a provider call.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    fn backend(&self) -> Backend;
+
+    /// A round trip to the database (`/readyz`).
+    async fn ping(&self) -> Result<()>;
+
+    /// Inserts the job unless `(tenant, idempotency_key)` exists, in which
+    /// case the existing row is returned. The database settles races:
+    /// `INSERT ... ON CONFLICT DO NOTHING`, then a read of the winner.
+    async fn create_job(&self, job: &NewJob) -> Result<Created>;
+
+    /// A job by id; `tenant: Some(t)` restricts to that tenant's jobs.
+    async fn job(&self, tenant: Option<&str>, id: &str) -> Result<Option<JobRecord>>;
+
+    /// A job by its idempotency key.
+    async fn job_by_key(&self, tenant: &str, key: &str) -> Result<Option<JobRecord>>;
+
+    /// The attempts of a job, by number.
+    async fn attempts(&self, job_id: &str) -> Result<Vec<AttemptRecord>>;
+
+    /// A tenant's jobs, newest first, optionally of one state, strictly
+    /// after `before`.
+    async fn list_jobs(
+        &self,
+        tenant: &str,
+        state: Option<JobState>,
+        before: Option<&Cursor>,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>>;
+
+    /// Claims up to `limit` queued jobs whose `not_before <= now`, oldest
+    /// first: they become `running`, claimed by `worker` until
+    /// `claim_until`, version + 1. Concurrent claimers never get the same
+    /// job (`FOR UPDATE SKIP LOCKED` on PostgreSQL).
+    async fn claim_jobs(&self, worker: &str, now: i64, claim_until: i64, limit: u32) -> Result<Vec<JobRecord>>;
+
+    /// Extends the claim while `worker` still holds it.
+    async fn renew_claim(&self, job_id: &str, worker: &str, claim_until: i64) -> Result<bool>;
+
+    /// `running` -> `queued` (not before `not_before`), version + 1, claim
+    /// cleared; only if no attempt is active and, when `worker` is given,
+    /// only if that worker holds the claim. Also `failed` -> `queued` when
+    /// `reopen` (a manual retry). Returns whether the row changed.
+    async fn requeue(&self, job_id: &str, worker: Option<&str>, not_before: i64, reopen: bool, now: i64) -> Result<bool>;
+
+    /// `queued`/`running` -> `failed` with `error`, version + 1, claim
+    /// cleared; only if no attempt is active. Returns whether it changed.
+    async fn fail_job(&self, job_id: &str, error: &str, now: i64) -> Result<bool>;
+
+    /// Starts attempt `n = max(n) + 1` in state `starting` with
+    /// `read_version` = the job's current version (not bumped). Refused
+    /// (`Busy`) while another attempt is active unless `hedge`; `Closed`
+    /// unless the job is `queued` or `running`. Check and insert happen in
+    /// one transaction holding the job row.
+    #[expect(clippy::too_many_arguments, reason = "one row's columns")]
+    async fn start_attempt(
+        &self,
+        job_id: &str,
+        provider: &str,
+        model: &str,
+        hedge: bool,
+        owner: &str,
+        now: i64,
+        lease_until: i64,
+    ) -> Result<StartAttempt>;
+
+    /// `starting` -> `running` (the provider answered with headers).
+    async fn attempt_running(&self, job_id: &str, n: i32) -> Result<bool>;
+
+    /// Extends an active attempt's lease while `owner` runs it.
+    async fn renew_attempt(&self, job_id: &str, n: i32, owner: &str, lease_until: i64) -> Result<bool>;
+
+    /// Ends an attempt without a result: `to` is `failed`, `unknown` or
+    /// `cancelled`; allowed from `starting`, `running` and `unknown` only.
+    async fn finish_attempt(&self, job_id: &str, n: i32, to: AttemptState, reason: Option<&str>, now: i64) -> Result<bool>;
+
+    /// Compare-and-swap completion (SPEC section 5):
+    /// `UPDATE jobs SET result=.., completed_by=n, version=version+1,
+    /// state='succeeded' WHERE id=$1 AND version=read_version AND
+    /// completed_by IS NULL`; on success the attempt becomes `succeeded`,
+    /// else `discarded` (its result is not stored). One transaction.
+    async fn complete(&self, job_id: &str, n: i32, read_version: i64, result: &str, now: i64) -> Result<Completion>;
+
+    /// Cancels a tenant's job unless it succeeded or is already
+    /// cancelled: state `cancelled`, version + 1. Returns the job as it is
+    /// afterwards (None: no such job for this tenant).
+    async fn cancel_job(&self, tenant: &str, job_id: &str, now: i64) -> Result<Option<JobRecord>>;
+
+    /// Attempts `starting`/`running` whose lease ended before `now` become
+    /// `unknown` (reason `lease_expired`); returns them. Never re-runs.
+    async fn expire_attempt_leases(&self, now: i64) -> Result<Vec<AttemptRecord>>;
+
+    /// `running` jobs whose claim ended before `now` and that have no
+    /// active attempt go back to `queued` (version + 1); returns how many.
+    async fn expire_job_claims(&self, now: i64) -> Result<u64>;
+
+    /// Attempts in state `unknown` (all tenants).
+    async fn unknown_attempts(&self) -> Result<Vec<AttemptRecord>>;
+
+    /// Jobs by state, for one tenant or all.
+    async fn count_jobs(&self, tenant: Option<&str>) -> Result<Vec<(JobState, i64)>>;
+
+    /// Deletes jobs (and their attempts) created before `created_before`
+    /// that are no longer active (`succeeded`, `failed`, `cancelled`), so
+    /// their keys may be reused. Returns how many.
+    async fn purge(&self, created_before: i64) -> Result<u64>;
+
+    async fn record_certification(&self, c: &Certification) -> Result<()>;
+
+    /// The latest certification of each (provider, model) for a route.
+    async fn certifications(&self, route: &str) -> Result<Vec<Certification>>;
+}
+
+/// Opens the store named by `url` and runs its migrations.
+pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::SqliteStore::connect(url, max_connections).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(postgres::PgStore::connect(url, max_connections).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl)
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
