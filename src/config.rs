@@ -495,12 +495,21 @@ impl Config {
             ));
         }
         let url = &self.storage.url;
-        if !(url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+        {
             return Err(self.invalid("storage.url", "expected sqlite://FILE or postgres://..."));
         }
         let backend = &self.coalescing.backend;
-        if backend != "memory" && !backend.starts_with("redis://") && !backend.starts_with("rediss://") {
-            return Err(self.invalid("coalescing.backend", "expected \"memory\" or a redis:// URL"));
+        if backend != "memory"
+            && !backend.starts_with("redis://")
+            && !backend.starts_with("rediss://")
+        {
+            return Err(self.invalid(
+                "coalescing.backend",
+                "expected \"memory\" or a redis:// URL",
+            ));
         }
 
         let mut seen_keys = HashSet::new();
@@ -517,13 +526,18 @@ impl Config {
                 return Err(self.invalid(format!("tenants[{t}].name"), "duplicate tenant name"));
             }
             if tenant.api_keys.is_empty() {
-                return Err(self.invalid(format!("tenants[{t}].api_keys"), "a tenant needs at least one key"));
+                return Err(self.invalid(
+                    format!("tenants[{t}].api_keys"),
+                    "a tenant needs at least one key",
+                ));
             }
             for (i, key) in tenant.api_keys.iter().enumerate() {
                 let k = format!("tenants[{t}].api_keys[{i}]");
                 check_key(key).map_err(|m| self.invalid(&k, m))?;
                 if !seen_keys.insert(key.as_str()) {
-                    return Err(self.invalid(k, "this key is already used by another tenant or the admin"));
+                    return Err(
+                        self.invalid(k, "this key is already used by another tenant or the admin")
+                    );
                 }
             }
         }
@@ -557,7 +571,9 @@ impl Config {
                 return Err(self.invalid(at("model"), "must not be empty"));
             }
             if !route_names.insert(route.model.as_str()) {
-                return Err(self.invalid(at("model"), format!("duplicate route \"{}\"", route.model)));
+                return Err(
+                    self.invalid(at("model"), format!("duplicate route \"{}\"", route.model))
+                );
             }
             if route.targets.is_empty() {
                 return Err(self.invalid(at("targets"), "a route needs at least one target"));
@@ -567,11 +583,17 @@ impl Config {
                     let known: Vec<&str> = self.providers.iter().map(|p| p.name.as_str()).collect();
                     return Err(self.invalid(
                         at(&format!("targets[{i}].provider")),
-                        format!("unknown provider \"{}\" (known: {})", target.provider, known.join(", ")),
+                        format!(
+                            "unknown provider \"{}\" (known: {})",
+                            target.provider,
+                            known.join(", ")
+                        ),
                     ));
                 }
                 if target.model.is_empty() {
-                    return Err(self.invalid(at(&format!("targets[{i}].model")), "must not be empty"));
+                    return Err(
+                        self.invalid(at(&format!("targets[{i}].model")), "must not be empty")
+                    );
                 }
             }
             let c = &route.cache;
@@ -587,7 +609,9 @@ impl Config {
             if let MaxWait::Fixed(d) = route.coalesce.max_wait
                 && d.is_zero()
             {
-                return Err(self.invalid(at("coalesce.max_wait"), "must be above zero (or \"auto\")"));
+                return Err(
+                    self.invalid(at("coalesce.max_wait"), "must be above zero (or \"auto\")")
+                );
             }
             let a = &route.attempts;
             if a.max == 0 {
@@ -625,7 +649,9 @@ const NAME_RULE: &str = "names are 1..64 characters of [A-Za-z0-9._-]";
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
 fn check_key(key: &str) -> Result<(), String> {
@@ -647,7 +673,9 @@ fn check_key(key: &str) -> Result<(), String> {
 /// `IDEM_SERVER__LISTEN=...` sets `server.listen`. `IDEM_CONFIG` names the
 /// file and `IDEM_LOG` the log filter; neither is a config key.
 fn env_overrides() -> Env {
-    Env::prefixed("IDEM_").split("__").ignore(&["CONFIG", "LOG"])
+    Env::prefixed("IDEM_")
+        .split("__")
+        .ignore(&["CONFIG", "LOG"])
 }
 
 /// The embedded default, plus an OpenAI provider and routes when
@@ -697,6 +725,7 @@ fn describe_figment_error(e: figment::Error) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
 
@@ -769,7 +798,9 @@ hedge_after = "10s"
 
     #[test]
     fn unknown_key_is_named() {
-        let err = parse("[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n").unwrap_err().to_string();
+        let err = parse("[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("test.toml"), "{err}");
         assert!(err.contains("lisen"), "{err}");
     }
@@ -791,7 +822,9 @@ targets = [{ provider = "primray", model = "x" }]
 
     #[test]
     fn open_gateway_on_public_address_is_refused() {
-        let err = parse("[server]\nlisten = \"0.0.0.0:8080\"\n").unwrap_err().to_string();
+        let err = parse("[server]\nlisten = \"0.0.0.0:8080\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("tenants"), "{err}");
     }
 
