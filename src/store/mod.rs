@@ -13,6 +13,7 @@
 //! (UUID v7), requests and results are stored as the exact JSON text.
 
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -41,9 +42,10 @@ pub enum StoreError {
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         match e {
-            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
-                StoreError::Unavailable(e)
-            }
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Tls(_) => StoreError::Unavailable(e),
             other => StoreError::Database(other),
         }
     }
@@ -139,7 +141,10 @@ impl AttemptState {
 
     /// States that block a new (non-hedge) attempt of the same job.
     pub fn is_active(self) -> bool {
-        matches!(self, AttemptState::Starting | AttemptState::Running | AttemptState::Unknown)
+        matches!(
+            self,
+            AttemptState::Starting | AttemptState::Running | AttemptState::Unknown
+        )
     }
 }
 
@@ -226,6 +231,10 @@ pub enum StartAttempt {
 
 /// The result of [`Store::complete`].
 #[derive(Debug, Clone, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one value per completion, returned and matched at once; boxing would only add an allocation"
+)]
 pub enum Completion {
     /// This attempt completed the job (the job as it is now).
     Won(JobRecord),
@@ -297,7 +306,13 @@ pub trait Store: Send + Sync + 'static {
     /// first: they become `running`, claimed by `worker` until
     /// `claim_until`, version + 1. Concurrent claimers never get the same
     /// job (`FOR UPDATE SKIP LOCKED` on PostgreSQL).
-    async fn claim_jobs(&self, worker: &str, now: i64, claim_until: i64, limit: u32) -> Result<Vec<JobRecord>>;
+    async fn claim_jobs(
+        &self,
+        worker: &str,
+        now: i64,
+        claim_until: i64,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>>;
 
     /// Extends the claim while `worker` still holds it.
     async fn renew_claim(&self, job_id: &str, worker: &str, claim_until: i64) -> Result<bool>;
@@ -306,7 +321,14 @@ pub trait Store: Send + Sync + 'static {
     /// cleared; only if no attempt is active and, when `worker` is given,
     /// only if that worker holds the claim. Also `failed` -> `queued` when
     /// `reopen` (a manual retry). Returns whether the row changed.
-    async fn requeue(&self, job_id: &str, worker: Option<&str>, not_before: i64, reopen: bool, now: i64) -> Result<bool>;
+    async fn requeue(
+        &self,
+        job_id: &str,
+        worker: Option<&str>,
+        not_before: i64,
+        reopen: bool,
+        now: i64,
+    ) -> Result<bool>;
 
     /// `queued`/`running` -> `failed` with `error`, version + 1, claim
     /// cleared; only if no attempt is active. Returns whether it changed.
@@ -333,18 +355,38 @@ pub trait Store: Send + Sync + 'static {
     async fn attempt_running(&self, job_id: &str, n: i32) -> Result<bool>;
 
     /// Extends an active attempt's lease while `owner` runs it.
-    async fn renew_attempt(&self, job_id: &str, n: i32, owner: &str, lease_until: i64) -> Result<bool>;
+    async fn renew_attempt(
+        &self,
+        job_id: &str,
+        n: i32,
+        owner: &str,
+        lease_until: i64,
+    ) -> Result<bool>;
 
     /// Ends an attempt without a result: `to` is `failed`, `unknown` or
     /// `cancelled`; allowed from `starting`, `running` and `unknown` only.
-    async fn finish_attempt(&self, job_id: &str, n: i32, to: AttemptState, reason: Option<&str>, now: i64) -> Result<bool>;
+    async fn finish_attempt(
+        &self,
+        job_id: &str,
+        n: i32,
+        to: AttemptState,
+        reason: Option<&str>,
+        now: i64,
+    ) -> Result<bool>;
 
     /// Compare-and-swap completion (SPEC section 5):
     /// `UPDATE jobs SET result=.., completed_by=n, version=version+1,
     /// state='succeeded' WHERE id=$1 AND version=read_version AND
     /// completed_by IS NULL`; on success the attempt becomes `succeeded`,
     /// else `discarded` (its result is not stored). One transaction.
-    async fn complete(&self, job_id: &str, n: i32, read_version: i64, result: &str, now: i64) -> Result<Completion>;
+    async fn complete(
+        &self,
+        job_id: &str,
+        n: i32,
+        read_version: i64,
+        result: &str,
+        now: i64,
+    ) -> Result<Completion>;
 
     /// Cancels a tenant's job unless it succeeded or is already
     /// cancelled: state `cancelled`, version + 1. Returns the job as it is
@@ -379,9 +421,13 @@ pub trait Store: Send + Sync + 'static {
 /// Opens the store named by `url` and runs its migrations.
 pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::connect(url, max_connections).await?))
+        Ok(Arc::new(
+            sqlite::SqliteStore::connect(url, max_connections).await?,
+        ))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::PgStore::connect(url, max_connections).await?))
+        Ok(Arc::new(
+            postgres::PgStore::connect(url, max_connections).await?,
+        ))
     } else {
         Err(StoreError::UnsupportedUrl)
     }
