@@ -774,6 +774,7 @@ fn describe_figment_error(e: figment::Error) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
 

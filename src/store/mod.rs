@@ -13,6 +13,7 @@
 //! (UUID v7), requests and results are stored as the exact JSON text.
 
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -230,9 +231,13 @@ pub enum StartAttempt {
 
 /// The result of [`Store::complete`].
 #[derive(Debug, Clone, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one value per completion, returned and matched at once; boxing would only add an allocation"
+)]
 pub enum Completion {
     /// This attempt completed the job (the job as it is now).
-    Won(Box<JobRecord>),
+    Won(JobRecord),
     /// Another attempt (or a cancel) got there first; this attempt is now
     /// `discarded` and its result was not written anywhere.
     Lost,

@@ -1,1 +1,1412 @@
-//! stub
+//! The store's test suite, written once against [`Store`] and run against
+//! both backends: SQLite on a fresh file and PostgreSQL on a fresh schema
+//! per test. Races are started together behind barriers, never by sleeps.
+//!
+//! PostgreSQL comes from `IDEM_TEST_DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`); when it cannot be reached
+//! the PostgreSQL tests fail, they never skip.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on the first surprise"
+)]
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use sqlx::Connection;
+use tokio::sync::Barrier;
+
+use super::postgres::PgStore;
+use super::sqlite::SqliteStore;
+use super::{
+    AttemptRecord, AttemptState, Backend, Certification, Completion, Created, Cursor, JobRecord,
+    JobState, NewJob, StartAttempt, Store,
+};
+
+// ---------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------
+
+const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const POOL_SIZE: u32 = 8;
+/// A fixed clock: tests pass times explicitly, so they never depend on now.
+const T0: i64 = 1_700_000_000_000;
+
+type Body = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+fn pg_url() -> String {
+    std::env::var("IDEM_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_owned())
+}
+
+/// A database that exists for one test and is removed afterwards.
+enum Scratch {
+    Sqlite(PathBuf),
+    Postgres { url: String, schema: String },
+}
+
+impl Scratch {
+    async fn new(backend: Backend) -> Scratch {
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        match backend {
+            Backend::Sqlite => {
+                Scratch::Sqlite(std::env::temp_dir().join(format!("idem-store-test-{id}.db")))
+            }
+            Backend::Postgres => {
+                let url = pg_url();
+                let schema = format!("idem_t_{id}");
+                let mut admin = pg_admin(&url).await;
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                    .execute(&mut admin)
+                    .await
+                    .expect("create test schema");
+                admin.close().await.ok();
+                Scratch::Postgres { url, schema }
+            }
+        }
+    }
+
+    /// The url a store opens: the file, or the server with `search_path`
+    /// set to the test's schema (so migrations and queries land there).
+    fn url(&self) -> String {
+        match self {
+            Scratch::Sqlite(path) => format!("sqlite://{}", path.display()),
+            Scratch::Postgres { url, schema } => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}options=-c%20search_path%3D{schema}")
+            }
+        }
+    }
+
+    async fn open(&self) -> Arc<dyn Store> {
+        let url = self.url();
+        match self {
+            Scratch::Sqlite(_) => Arc::new(
+                SqliteStore::connect(&url, POOL_SIZE)
+                    .await
+                    .expect("open sqlite store"),
+            ),
+            Scratch::Postgres { .. } => Arc::new(
+                PgStore::connect(&url, POOL_SIZE)
+                    .await
+                    .expect("open postgres store"),
+            ),
+        }
+    }
+
+    async fn remove(self) {
+        match self {
+            Scratch::Sqlite(path) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let mut p = path.clone().into_os_string();
+                    p.push(suffix);
+                    std::fs::remove_file(p).ok();
+                }
+            }
+            Scratch::Postgres { url, schema } => {
+                let mut admin = pg_admin(&url).await;
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                    .execute(&mut admin)
+                    .await
+                    .expect("drop test schema");
+                admin.close().await.ok();
+            }
+        }
+    }
+}
+
+async fn pg_admin(url: &str) -> sqlx::PgConnection {
+    match sqlx::PgConnection::connect(url).await {
+        Ok(conn) => conn,
+        Err(e) => panic!(
+            "PostgreSQL not reachable at {url} ({e}): start it with \
+             `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, \
+             or point IDEM_TEST_DATABASE_URL at a server"
+        ),
+    }
+}
+
+/// Runs one test body on a fresh database of `backend`, removes the
+/// database whatever happens, then reports the body's panic if any.
+async fn run(backend: Backend, body: fn(Arc<dyn Store>) -> Body) {
+    let scratch = Scratch::new(backend).await;
+    let store = scratch.open().await;
+    assert_eq!(store.backend(), backend);
+    let outcome = tokio::spawn(body(store)).await;
+    scratch.remove().await;
+    if let Err(e) = outcome {
+        match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("test task failed: {e}"),
+        }
+    }
+}
+
+/// Generates `on_sqlite::<name>` and `on_postgres::<name>` for each test.
+macro_rules! store_tests {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::run(super::Backend::Sqlite, |s| Box::pin(super::$name(s))).await;
+                }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::run(super::Backend::Postgres, |s| Box::pin(super::$name(s))).await;
+                }
+            )*
+        }
+    };
+}
+
+store_tests!(
+    ping,
+    create_new_existing_and_other_tenant,
+    create_concurrent_same_key,
+    job_lookup_is_tenant_scoped,
+    start_attempt_concurrent,
+    attempts_are_numbered_and_hedges_allowed,
+    unknown_attempt_blocks_new_attempts,
+    closed_jobs_refuse_attempts,
+    attempt_transitions,
+    first_complete_wins,
+    concurrent_complete_one_winner,
+    complete_after_cancel_is_lost,
+    complete_needs_an_active_attempt,
+    cancel_job,
+    claim_concurrent_exactly_once,
+    claim_respects_not_before_and_order,
+    renew_claim_and_attempt,
+    requeue_and_fail_refuse_while_attempt_active,
+    expire_attempt_leases,
+    expire_job_claims,
+    list_jobs_pagination,
+    count_jobs,
+    purge_old_terminal_jobs,
+    certifications_latest_per_target,
+);
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+fn new_job(tenant: &str, key: &str, created_at: i64) -> NewJob {
+    NewJob {
+        id: uuid::Uuid::now_v7().to_string(),
+        tenant: tenant.to_owned(),
+        idempotency_key: key.to_owned(),
+        payload_hash: format!("hash-{key}"),
+        fingerprint: format!("fp-{key}"),
+        route: "support-bot".to_owned(),
+        request: r#"{"model":"support-bot","messages":[{"role":"user","content":"hi"}]}"#
+            .to_owned(),
+        metadata: Some(r#"{"order":45}"#.to_owned()),
+        created_at,
+    }
+}
+
+async fn create(s: &dyn Store, tenant: &str, key: &str, created_at: i64) -> JobRecord {
+    match s
+        .create_job(&new_job(tenant, key, created_at))
+        .await
+        .unwrap()
+    {
+        Created::New(job) => job,
+        Created::Existing(job) => panic!("expected a new job, got existing {job:?}"),
+    }
+}
+
+async fn job(s: &dyn Store, id: &str) -> JobRecord {
+    s.job(None, id).await.unwrap().expect("job exists")
+}
+
+async fn start(s: &dyn Store, job_id: &str, hedge: bool) -> AttemptRecord {
+    match s
+        .start_attempt(
+            job_id,
+            "primary",
+            "gpt-4o-mini",
+            hedge,
+            "worker-a",
+            T0,
+            T0 + 60_000,
+        )
+        .await
+        .unwrap()
+    {
+        StartAttempt::Started(a) => a,
+        other => panic!("expected an attempt to start, got {other:?}"),
+    }
+}
+
+async fn try_start(s: &dyn Store, job_id: &str, hedge: bool) -> StartAttempt {
+    s.start_attempt(
+        job_id,
+        "primary",
+        "gpt-4o-mini",
+        hedge,
+        "worker-a",
+        T0,
+        T0 + 60_000,
+    )
+    .await
+    .unwrap()
+}
+
+async fn attempt(s: &dyn Store, job_id: &str, n: i32) -> AttemptRecord {
+    s.attempts(job_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|a| a.n == n)
+        .expect("attempt exists")
+}
+
+/// Claims everything due at `now` for `worker` (one job expected).
+async fn claim_one(s: &dyn Store, worker: &str, now: i64) -> JobRecord {
+    let mut claimed = s.claim_jobs(worker, now, now + 30_000, 10).await.unwrap();
+    assert_eq!(
+        claimed.len(),
+        1,
+        "expected exactly one claim, got {claimed:?}"
+    );
+    claimed.remove(0)
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+async fn ping(s: Arc<dyn Store>) {
+    s.ping().await.unwrap();
+}
+
+async fn create_new_existing_and_other_tenant(s: Arc<dyn Store>) {
+    let first = new_job("t1", "order-45", T0);
+    let created = match s.create_job(&first).await.unwrap() {
+        Created::New(j) => j,
+        other => panic!("expected New, got {other:?}"),
+    };
+    assert_eq!(created.id, first.id);
+    assert_eq!(created.state, JobState::Queued);
+    assert_eq!(created.version, 0);
+    assert_eq!(created.completed_by, None);
+    assert_eq!(created.not_before, T0);
+    assert_eq!(created.created_at, T0);
+    assert_eq!(created.updated_at, T0);
+    assert_eq!(created.request, first.request);
+    assert_eq!(created.metadata, first.metadata);
+
+    // Same key, different payload: the existing row comes back unchanged.
+    let mut again = new_job("t1", "order-45", T0 + 5);
+    again.payload_hash = "other-hash".to_owned();
+    match s.create_job(&again).await.unwrap() {
+        Created::Existing(j) => assert_eq!(j, created),
+        other => panic!("expected Existing, got {other:?}"),
+    }
+
+    // The same key for another tenant is another job.
+    let other = new_job("t2", "order-45", T0);
+    match s.create_job(&other).await.unwrap() {
+        Created::New(j) => {
+            assert_eq!(j.id, other.id);
+            assert_eq!(j.tenant, "t2");
+        }
+        other => panic!("expected New, got {other:?}"),
+    }
+    assert_eq!(
+        s.job_by_key("t1", "order-45").await.unwrap().unwrap().id,
+        first.id
+    );
+    assert_eq!(
+        s.job_by_key("t2", "order-45").await.unwrap().unwrap().id,
+        other.id
+    );
+    assert_eq!(s.job_by_key("t3", "order-45").await.unwrap(), None);
+}
+
+async fn create_concurrent_same_key(s: Arc<dyn Store>) {
+    const N: usize = 50;
+    let barrier = Arc::new(Barrier::new(N));
+    let tasks: Vec<_> = (0..N)
+        .map(|_| {
+            let (s, barrier) = (s.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let job = new_job("t1", "same-key", T0);
+                barrier.wait().await;
+                s.create_job(&job).await.unwrap()
+            })
+        })
+        .collect();
+    let mut new = Vec::new();
+    let mut existing = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Created::New(j) => new.push(j),
+            Created::Existing(j) => existing.push(j),
+        }
+    }
+    assert_eq!(new.len(), 1, "exactly one creator");
+    assert_eq!(existing.len(), N - 1);
+    assert!(
+        existing.iter().all(|j| j.id == new[0].id),
+        "every caller sees the winner"
+    );
+    let all = s.list_jobs("t1", None, None, 1000).await.unwrap();
+    assert_eq!(all.len(), 1, "one row");
+}
+
+async fn job_lookup_is_tenant_scoped(s: Arc<dyn Store>) {
+    let j = create(&*s, "t1", "k", T0).await;
+    assert_eq!(s.job(Some("t1"), &j.id).await.unwrap().as_ref(), Some(&j));
+    assert_eq!(s.job(None, &j.id).await.unwrap().as_ref(), Some(&j));
+    assert_eq!(s.job(Some("t2"), &j.id).await.unwrap(), None);
+    assert_eq!(s.job(None, "no-such-job").await.unwrap(), None);
+    // Another tenant cannot cancel it either.
+    assert_eq!(s.cancel_job("t2", &j.id, T0 + 1).await.unwrap(), None);
+    assert_eq!(job(&*s, &j.id).await, j);
+}
+
+async fn start_attempt_concurrent(s: Arc<dyn Store>) {
+    const N: usize = 20;
+    let j = create(&*s, "t1", "k", T0).await;
+    let barrier = Arc::new(Barrier::new(N));
+    let tasks: Vec<_> = (0..N)
+        .map(|i| {
+            let (s, barrier, id) = (s.clone(), barrier.clone(), j.id.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                s.start_attempt(&id, "primary", "m", false, &format!("w{i}"), T0, T0 + 1000)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut started = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            StartAttempt::Started(a) => {
+                started += 1;
+                assert_eq!(a.n, 1);
+            }
+            StartAttempt::Busy => {}
+            StartAttempt::Closed => panic!("job is open"),
+        }
+    }
+    assert_eq!(started, 1, "exactly one attempt starts");
+    assert_eq!(s.attempts(&j.id).await.unwrap().len(), 1);
+}
+
+async fn attempts_are_numbered_and_hedges_allowed(s: Arc<dyn Store>) {
+    let j = create(&*s, "t1", "k", T0).await;
+    let a1 = start(&*s, &j.id, false).await;
+    assert_eq!(a1.n, 1);
+    assert_eq!(a1.state, AttemptState::Starting);
+    assert_eq!(a1.read_version, j.version);
+    assert_eq!(a1.owner.as_deref(), Some("worker-a"));
+    assert_eq!(a1.started_at, T0);
+    assert_eq!(a1.lease_until, Some(T0 + 60_000));
+    assert!(!a1.hedge);
+    // Starting an attempt does not bump the job's version.
+    assert_eq!(job(&*s, &j.id).await.version, j.version);
+
+    assert_eq!(try_start(&*s, &j.id, false).await, StartAttempt::Busy);
+    assert!(s.attempt_running(&j.id, 1).await.unwrap());
+    assert_eq!(try_start(&*s, &j.id, false).await, StartAttempt::Busy);
+
+    // A hedge may start while attempt 1 is in flight, at the same version.
+    let a2 = start(&*s, &j.id, true).await;
+    assert_eq!(a2.n, 2);
+    assert!(a2.hedge);
+    assert_eq!(a2.read_version, a1.read_version);
+
+    assert!(
+        s.finish_attempt(&j.id, 1, AttemptState::Failed, Some("http_429"), T0 + 1)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        try_start(&*s, &j.id, false).await,
+        StartAttempt::Busy,
+        "the hedge is still active"
+    );
+    assert!(
+        s.finish_attempt(&j.id, 2, AttemptState::Failed, Some("http_500"), T0 + 2)
+            .await
+            .unwrap()
+    );
+    let a3 = start(&*s, &j.id, false).await;
+    assert_eq!(a3.n, 3);
+
+    let all = s.attempts(&j.id).await.unwrap();
+    assert_eq!(all.iter().map(|a| a.n).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(all[0].state, AttemptState::Failed);
+    assert_eq!(all[0].reason.as_deref(), Some("http_429"));
+    assert_eq!(all[0].finished_at, Some(T0 + 1));
+}
+
+async fn unknown_attempt_blocks_new_attempts(s: Arc<dyn Store>) {
+    let j = create(&*s, "t1", "k", T0).await;
+    start(&*s, &j.id, false).await;
+    assert!(
+        s.finish_attempt(&j.id, 1, AttemptState::Unknown, Some("timeout"), T0 + 1)
+            .await
+            .unwrap()
+    );
+    assert_eq!(attempt(&*s, &j.id, 1).await.state, AttemptState::Unknown);
+    assert_eq!(try_start(&*s, &j.id, false).await, StartAttempt::Busy);
+    assert_eq!(s.unknown_attempts().await.unwrap().len(), 1);
+
+    // Resolved out of band: the job is free again.
+    assert!(
+        s.finish_attempt(&j.id, 1, AttemptState::Cancelled, Some("operator"), T0 + 2)
+            .await
+            .unwrap()
+    );
+    assert_eq!(s.unknown_attempts().await.unwrap(), vec![]);
+    assert_eq!(start(&*s, &j.id, false).await.n, 2);
+}
+
+async fn closed_jobs_refuse_attempts(s: Arc<dyn Store>) {
+    assert_eq!(
+        try_start(&*s, "no-such-job", false).await,
+        StartAttempt::Closed
+    );
+
+    let failed = create(&*s, "t1", "failed", T0).await;
+    assert!(s.fail_job(&failed.id, "no provider", T0 + 1).await.unwrap());
+    assert_eq!(
+        try_start(&*s, &failed.id, false).await,
+        StartAttempt::Closed
+    );
+    assert_eq!(try_start(&*s, &failed.id, true).await, StartAttempt::Closed);
+
+    let cancelled = create(&*s, "t1", "cancelled", T0).await;
+    s.cancel_job("t1", &cancelled.id, T0 + 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        try_start(&*s, &cancelled.id, false).await,
+        StartAttempt::Closed
+    );
+
+    let done = create(&*s, "t1", "done", T0).await;
+    let a = start(&*s, &done.id, false).await;
+    assert!(matches!(
+        s.complete(&done.id, a.n, a.read_version, "{}", T0 + 1)
+            .await
+            .unwrap(),
+        Completion::Won(_)
+    ));
+    assert_eq!(try_start(&*s, &done.id, false).await, StartAttempt::Closed);
+    assert_eq!(try_start(&*s, &done.id, true).await, StartAttempt::Closed);
+}
+
+async fn attempt_transitions(s: Arc<dyn Store>) {
+    let j = create(&*s, "t1", "k", T0).await;
+    start(&*s, &j.id, false).await;
+    assert!(s.attempt_running(&j.id, 1).await.unwrap());
+    assert!(
+        !s.attempt_running(&j.id, 1).await.unwrap(),
+        "only from starting"
+    );
+    assert!(
+        !s.attempt_running(&j.id, 9).await.unwrap(),
+        "no such attempt"
+    );
+    // Succeeded and discarded are reached only through `complete`.
+    assert!(
+        !s.finish_attempt(&j.id, 1, AttemptState::Succeeded, None, T0)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.finish_attempt(&j.id, 1, AttemptState::Discarded, None, T0)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.finish_attempt(&j.id, 1, AttemptState::Running, None, T0)
+            .await
+            .unwrap()
+    );
+    assert_eq!(attempt(&*s, &j.id, 1).await.state, AttemptState::Running);
+    // running -> unknown -> failed, then nothing more.
+    assert!(
+        s.finish_attempt(&j.id, 1, AttemptState::Unknown, Some("timeout"), T0 + 1)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.finish_attempt(&j.id, 1, AttemptState::Failed, Some("late_error"), T0 + 2)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.finish_attempt(&j.id, 1, AttemptState::Cancelled, None, T0 + 3)
+            .await
+            .unwrap()
+    );
+    let a = attempt(&*s, &j.id, 1).await;
+    assert_eq!(a.state, AttemptState::Failed);
+    assert_eq!(a.reason.as_deref(), Some("late_error"));
+    assert_eq!(a.finished_at, Some(T0 + 2));
+}
+
+async fn first_complete_wins(s: Arc<dyn Store>) {
+    let j = create(&*s, "t1", "k", T0).await;
+    let claimed = claim_one(&*s, "w", T0).await;
+    let a1 = start(&*s, &j.id, false).await;
+    let a2 = start(&*s, &j.id, true).await;
+    assert_eq!(a1.read_version, claimed.version);
+    assert_eq!(a2.read_version, claimed.version);
+
+    // The hedge finishes first and wins, although attempt 1 is the primary.
+    let winner = r#"{"id":"chatcmpl-WINNER","object":"chat.completion"}"#;
+    let loser = r#"{"id":"chatcmpl-LOSER-7f3a","object":"chat.completion"}"#;
+    let won = match s
+        .complete(&j.id, a2.n, a2.read_version, winner, T0 + 10)
+        .await
+        .unwrap()
+    {
+        Completion::Won(job) => job,
+        Completion::Lost => panic!("the first to complete wins"),
+    };
+    assert_eq!(won.state, JobState::Succeeded);
+    assert_eq!(won.version, claimed.version + 1);
+    assert_eq!(won.completed_by, Some(a2.n));
+    assert_eq!(won.result.as_deref(), Some(winner));
+    assert_eq!(won.updated_at, T0 + 10);
+
+    assert_eq!(
+        s.complete(&j.id, a1.n, a1.read_version, loser, T0 + 11)
+            .await
+            .unwrap(),
+        Completion::Lost
+    );
+
+    let after = job(&*s, &j.id).await;
+    assert_eq!(after, won, "the loser changed nothing");
+    let attempts = s.attempts(&j.id).await.unwrap();
+    assert_eq!(attempts[0].state, AttemptState::Discarded);
+    assert_eq!(attempts[0].finished_at, Some(T0 + 11));
+    assert_eq!(attempts[1].state, AttemptState::Succeeded);
+    assert_eq!(attempts[1].finished_at, Some(T0 + 10));
+    // The loser's answer is stored nowhere.
+    let everything = format!(
+        "{after:?} {attempts:?} {:?}",
+        s.list_jobs("t1", None, None, 100).await.unwrap()
+    );
+    assert!(
+        !everything.contains("LOSER-7f3a"),
+        "loser's result leaked: {everything}"
+    );
+}
+
+async fn concurrent_complete_one_winner(s: Arc<dyn Store>) {
+    const N: i32 = 4;
+    let j = create(&*s, "t1", "k", T0).await;
+    let first = start(&*s, &j.id, false).await;
+    for _ in 1..N {
+        start(&*s, &j.id, true).await;
+    }
+    let barrier = Arc::new(Barrier::new(N as usize));
+    let tasks: Vec<_> = (1..=N)
+        .map(|n| {
+            let (s, barrier, id) = (s.clone(), barrier.clone(), j.id.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let c = s
+                    .complete(
+                        &id,
+                        n,
+                        first.read_version,
+                        &format!("result-of-{n}"),
+                        T0 + 1,
+                    )
+                    .await
+                    .unwrap();
+                (n, c)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for t in tasks {
+        if let (n, Completion::Won(_)) = t.await.unwrap() {
+            winners.push(n);
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one winner: {winners:?}");
+    let after = job(&*s, &j.id).await;
+    assert_eq!(after.completed_by, Some(winners[0]));
+    assert_eq!(after.result, Some(format!("result-of-{}", winners[0])));
+    for a in s.attempts(&j.id).await.unwrap() {
+        let expected = if a.n == winners[0] {
+            AttemptState::Succeeded
+        } else {
+            AttemptState::Discarded
+        };
+        assert_eq!(a.state, expected, "attempt {}", a.n);
+    }
+}
+
+async fn complete_after_cancel_is_lost(s: Arc<dyn Store>) {
+    let j = create(&*s, "t1", "k", T0).await;
+    let a = start(&*s, &j.id, false).await;
+    let cancelled = s.cancel_job("t1", &j.id, T0 + 1).await.unwrap().unwrap();
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    assert_eq!(cancelled.version, j.version + 1);
+    assert_eq!(
+        s.complete(&j.id, a.n, a.read_version, "late-result-93c1", T0 + 2)
+            .await
+            .unwrap(),
+        Completion::Lost
+    );
+    let after = job(&*s, &j.id).await;
+    assert_eq!(after, cancelled);
+    assert_eq!(after.result, None);
+    assert_eq!(
+        attempt(&*s, &j.id, a.n).await.state,
+        AttemptState::Discarded
+    );
+}
+
+async fn complete_needs_an_active_attempt(s: Arc<dyn Store>) {
+    let j = create(&*s, "t1", "k", T0).await;
+    // No such attempt: nothing changes.
+    assert_eq!(
+        s.complete(&j.id, 1, j.version, "ghost", T0).await.unwrap(),
+        Completion::Lost
+    );
+    assert_eq!(job(&*s, &j.id).await, j);
+    assert_eq!(
+        s.complete("no-such-job", 1, 0, "ghost", T0).await.unwrap(),
+        Completion::Lost
+    );
+
+    // A repeated completion of the winner does not turn it into a loser.
+    let a = start(&*s, &j.id, false).await;
+    let won = match s
+        .complete(&j.id, a.n, a.read_version, "first", T0 + 1)
+        .await
+        .unwrap()
+    {
+        Completion::Won(job) => job,
+        Completion::Lost => panic!("should win"),
+    };
+    assert_eq!(
+        s.complete(&j.id, a.n, a.read_version, "second", T0 + 2)
+            .await
+            .unwrap(),
+        Completion::Lost
+    );
+    assert_eq!(
+        attempt(&*s, &j.id, a.n).await.state,
+        AttemptState::Succeeded
+    );
+    assert_eq!(job(&*s, &j.id).await, won);
+
+    // An `unknown` attempt may still complete (a late response).
+    let k = create(&*s, "t1", "k2", T0).await;
+    let b = start(&*s, &k.id, false).await;
+    assert!(
+        s.finish_attempt(&k.id, b.n, AttemptState::Unknown, Some("timeout"), T0 + 1)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        s.complete(&k.id, b.n, b.read_version, "late", T0 + 2)
+            .await
+            .unwrap(),
+        Completion::Won(_)
+    ));
+    assert_eq!(
+        attempt(&*s, &k.id, b.n).await.state,
+        AttemptState::Succeeded
+    );
+}
+
+async fn cancel_job(s: Arc<dyn Store>) {
+    assert_eq!(s.cancel_job("t1", "no-such-job", T0).await.unwrap(), None);
+
+    let queued = create(&*s, "t1", "queued", T0).await;
+    let c = s
+        .cancel_job("t1", &queued.id, T0 + 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (c.state, c.version, c.updated_at),
+        (JobState::Cancelled, queued.version + 1, T0 + 1)
+    );
+    // Cancelling again changes nothing.
+    assert_eq!(
+        s.cancel_job("t1", &queued.id, T0 + 2).await.unwrap(),
+        Some(c)
+    );
+
+    let running = create(&*s, "t1", "running", T0).await;
+    let claimed = claim_one(&*s, "w", T0).await;
+    assert_eq!(claimed.id, running.id);
+    let c = s
+        .cancel_job("t1", &running.id, T0 + 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (c.state, c.version),
+        (JobState::Cancelled, claimed.version + 1)
+    );
+    assert_eq!((c.claimed_by, c.claim_until), (None, None));
+
+    let failed = create(&*s, "t1", "failed", T0).await;
+    assert!(s.fail_job(&failed.id, "no provider", T0 + 1).await.unwrap());
+    let c = s
+        .cancel_job("t1", &failed.id, T0 + 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.state, JobState::Cancelled);
+
+    let done = create(&*s, "t1", "done", T0).await;
+    let a = start(&*s, &done.id, false).await;
+    let Completion::Won(won) = s
+        .complete(&done.id, a.n, a.read_version, "{}", T0 + 1)
+        .await
+        .unwrap()
+    else {
+        panic!("should win");
+    };
+    assert_eq!(
+        s.cancel_job("t1", &done.id, T0 + 2).await.unwrap(),
+        Some(won),
+        "succeeded stays succeeded"
+    );
+}
+
+async fn claim_concurrent_exactly_once(s: Arc<dyn Store>) {
+    const JOBS: i64 = 100;
+    const CLAIMERS: usize = 4;
+    for i in 0..JOBS {
+        create(&*s, "t1", &format!("job-{i}"), T0 + i).await;
+    }
+    let barrier = Arc::new(Barrier::new(CLAIMERS));
+    let tasks: Vec<_> = (0..CLAIMERS)
+        .map(|w| {
+            let (s, barrier) = (s.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let worker = format!("worker-{w}");
+                let mut mine = Vec::new();
+                barrier.wait().await;
+                loop {
+                    let batch = s
+                        .claim_jobs(&worker, T0 + JOBS, T0 + 99_999, 10)
+                        .await
+                        .unwrap();
+                    if batch.is_empty() {
+                        return mine;
+                    }
+                    assert!(batch.len() <= 10);
+                    for j in batch {
+                        assert_eq!(j.state, JobState::Running);
+                        assert_eq!(j.claimed_by.as_deref(), Some(worker.as_str()));
+                        assert_eq!(j.claim_until, Some(T0 + 99_999));
+                        assert_eq!(j.version, 1);
+                        mine.push(j.id);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        for id in t.await.unwrap() {
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len() as i64, JOBS, "every job claimed");
+    assert!(seen.values().all(|&c| c == 1), "no job claimed twice");
+    let counts: HashMap<JobState, i64> = s.count_jobs(None).await.unwrap().into_iter().collect();
+    assert_eq!(counts[&JobState::Running], JOBS);
+    assert_eq!(counts[&JobState::Queued], 0);
+}
+
+async fn claim_respects_not_before_and_order(s: Arc<dyn Store>) {
+    let old = create(&*s, "t1", "old", T0).await;
+    let mid = create(&*s, "t2", "mid", T0 + 1).await;
+    let new = create(&*s, "t1", "new", T0 + 2).await;
+    let future = create(&*s, "t1", "future", T0 + 3).await;
+    // Only `old` is due at T0 (a job is due from its creation).
+    assert_eq!(claim_one(&*s, "w", T0).await.id, old.id);
+    assert!(s.requeue(&old.id, Some("w"), T0, false, T0).await.unwrap());
+    let first = s.claim_jobs("w", T0 + 3, T0 + 100, 10).await.unwrap();
+    assert_eq!(
+        first.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+        vec![
+            old.id.as_str(),
+            mid.id.as_str(),
+            new.id.as_str(),
+            future.id.as_str()
+        ],
+        "oldest first, all tenants"
+    );
+    // A retry backoff: `future` is not claimable before T0 + 1000.
+    assert!(
+        s.requeue(&future.id, Some("w"), T0 + 1000, false, T0 + 4)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.claim_jobs("w", T0 + 999, T0 + 2000, 10).await.unwrap(),
+        vec![]
+    );
+    let later = s.claim_jobs("w", T0 + 1000, T0 + 2000, 10).await.unwrap();
+    assert_eq!(later.len(), 1);
+    assert_eq!(later[0].id, future.id);
+
+    // The limit is respected, oldest first.
+    for i in 0..5 {
+        create(&*s, "t3", &format!("batch-{i}"), T0 + 10 + i).await;
+    }
+    let two = s.claim_jobs("w", T0 + 100, T0 + 200, 2).await.unwrap();
+    assert_eq!(
+        two.iter()
+            .map(|j| j.idempotency_key.as_str())
+            .collect::<Vec<_>>(),
+        vec!["batch-0", "batch-1"]
+    );
+}
+
+async fn renew_claim_and_attempt(s: Arc<dyn Store>) {
+    let j = create(&*s, "t1", "k", T0).await;
+    assert!(
+        !s.renew_claim(&j.id, "w", T0 + 500).await.unwrap(),
+        "not claimed yet"
+    );
+    let claimed = claim_one(&*s, "w", T0).await;
+    assert!(!s.renew_claim(&j.id, "other", T0 + 500).await.unwrap());
+    assert!(s.renew_claim(&j.id, "w", T0 + 500).await.unwrap());
+    let after = job(&*s, &j.id).await;
+    assert_eq!(after.claim_until, Some(T0 + 500));
+    assert_eq!(
+        after.version, claimed.version,
+        "renewing does not bump the version"
+    );
+
+    let a = start(&*s, &j.id, false).await;
+    assert!(
+        !s.renew_attempt(&j.id, a.n, "other", T0 + 90_000)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.renew_attempt(&j.id, a.n, "worker-a", T0 + 90_000)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        attempt(&*s, &j.id, a.n).await.lease_until,
+        Some(T0 + 90_000)
+    );
+    // Once the lease has run out, the owner learns it cannot renew.
+    assert_eq!(s.expire_attempt_leases(T0 + 90_001).await.unwrap().len(), 1);
+    assert!(
+        !s.renew_attempt(&j.id, a.n, "worker-a", T0 + 200_000)
+            .await
+            .unwrap()
+    );
+    assert_eq!(job(&*s, &j.id).await.version, claimed.version);
+}
+
+async fn requeue_and_fail_refuse_while_attempt_active(s: Arc<dyn Store>) {
+    let j = create(&*s, "t1", "k", T0).await;
+    let claimed = claim_one(&*s, "w", T0).await;
+    let a = start(&*s, &j.id, false).await;
+    assert!(
+        !s.requeue(&j.id, Some("w"), T0, false, T0 + 1)
+            .await
+            .unwrap(),
+        "attempt starting"
+    );
+    assert!(
+        !s.fail_job(&j.id, "give up", T0 + 1).await.unwrap(),
+        "attempt starting"
+    );
+    assert!(
+        s.finish_attempt(&j.id, a.n, AttemptState::Unknown, Some("timeout"), T0 + 1)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.requeue(&j.id, None, T0, false, T0 + 1).await.unwrap(),
+        "attempt unknown"
+    );
+    assert!(
+        !s.fail_job(&j.id, "give up", T0 + 1).await.unwrap(),
+        "attempt unknown"
+    );
+    assert!(
+        s.finish_attempt(&j.id, a.n, AttemptState::Failed, Some("http_503"), T0 + 2)
+            .await
+            .unwrap()
+    );
+    assert_eq!(job(&*s, &j.id).await, claimed, "refusals changed nothing");
+
+    // Only the claim holder (or anyone, without a worker) may requeue.
+    assert!(
+        !s.requeue(&j.id, Some("other"), T0 + 50, false, T0 + 3)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.requeue(&j.id, Some("w"), T0 + 50, false, T0 + 3)
+            .await
+            .unwrap()
+    );
+    let q = job(&*s, &j.id).await;
+    assert_eq!(
+        (q.state, q.version, q.not_before),
+        (JobState::Queued, claimed.version + 1, T0 + 50)
+    );
+    assert_eq!(
+        (q.claimed_by, q.claim_until, q.updated_at),
+        (None, None, T0 + 3)
+    );
+    assert!(
+        !s.requeue(&j.id, None, T0, false, T0 + 4).await.unwrap(),
+        "queued is not running"
+    );
+
+    let again = claim_one(&*s, "w2", T0 + 50).await;
+    assert_eq!(again.version, q.version + 1);
+    assert!(
+        s.fail_job(&j.id, "all providers failed", T0 + 60)
+            .await
+            .unwrap()
+    );
+    let f = job(&*s, &j.id).await;
+    assert_eq!((f.state, f.version), (JobState::Failed, again.version + 1));
+    assert_eq!(f.error.as_deref(), Some("all providers failed"));
+    assert_eq!((f.claimed_by, f.claim_until), (None, None));
+    assert!(
+        !s.fail_job(&j.id, "again", T0 + 61).await.unwrap(),
+        "already failed"
+    );
+
+    // A failed job is reopened only on request (a manual retry).
+    assert!(
+        !s.requeue(&j.id, None, T0 + 70, false, T0 + 70)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.requeue(&j.id, None, T0 + 70, true, T0 + 70)
+            .await
+            .unwrap()
+    );
+    let r = job(&*s, &j.id).await;
+    assert_eq!(
+        (r.state, r.version, r.not_before),
+        (JobState::Queued, f.version + 1, T0 + 70)
+    );
+    assert_eq!(r.error, None);
+    assert!(!s.requeue("no-such-job", None, T0, true, T0).await.unwrap());
+    assert!(!s.fail_job("no-such-job", "x", T0).await.unwrap());
+
+    // A queued job can fail directly (no attempt active).
+    assert!(s.fail_job(&j.id, "expired", T0 + 80).await.unwrap());
+}
+
+async fn expire_attempt_leases(s: Arc<dyn Store>) {
+    let lease = |s: Arc<dyn Store>, key: &'static str, until: i64, running: bool| async move {
+        let j = create(&*s, "t1", key, T0).await;
+        match s
+            .start_attempt(&j.id, "p", "m", false, "w", T0, until)
+            .await
+            .unwrap()
+        {
+            StartAttempt::Started(a) => {
+                if running {
+                    assert!(s.attempt_running(&j.id, a.n).await.unwrap());
+                }
+                j.id
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    let starting_expired = lease(s.clone(), "a", T0 + 100, false).await;
+    let running_expired = lease(s.clone(), "b", T0 + 150, true).await;
+    let running_alive = lease(s.clone(), "c", T0 + 300, true).await;
+    let at_the_edge = lease(s.clone(), "d", T0 + 200, true).await;
+    let finished = lease(s.clone(), "e", T0 + 100, true).await;
+    assert!(
+        s.finish_attempt(
+            &finished,
+            1,
+            AttemptState::Failed,
+            Some("http_400"),
+            T0 + 50
+        )
+        .await
+        .unwrap()
+    );
+
+    let expired = s.expire_attempt_leases(T0 + 200).await.unwrap();
+    let ids: HashSet<&str> = expired.iter().map(|a| a.job_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        HashSet::from([starting_expired.as_str(), running_expired.as_str()])
+    );
+    for a in &expired {
+        assert_eq!(a.state, AttemptState::Unknown);
+        assert_eq!(a.reason.as_deref(), Some("lease_expired"));
+    }
+    assert_eq!(
+        attempt(&*s, &running_alive, 1).await.state,
+        AttemptState::Running
+    );
+    assert_eq!(
+        attempt(&*s, &at_the_edge, 1).await.state,
+        AttemptState::Running,
+        "lease ends at, not before, now"
+    );
+    assert_eq!(attempt(&*s, &finished, 1).await.state, AttemptState::Failed);
+    let mut unknown: Vec<String> = s
+        .unknown_attempts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.job_id)
+        .collect();
+    unknown.sort();
+    let mut expected = vec![starting_expired.clone(), running_expired.clone()];
+    expected.sort();
+    assert_eq!(unknown, expected);
+    // Nothing is re-run and a second pass finds nothing new.
+    assert_eq!(s.expire_attempt_leases(T0 + 200).await.unwrap(), vec![]);
+    assert_eq!(s.attempts(&starting_expired).await.unwrap().len(), 1);
+}
+
+async fn expire_job_claims(s: Arc<dyn Store>) {
+    let free = create(&*s, "t1", "free", T0).await;
+    let busy = create(&*s, "t1", "busy", T0 + 1).await;
+    let alive = create(&*s, "t1", "alive", T0 + 2).await;
+    let claimed = s.claim_jobs("w", T0 + 2, T0 + 100, 2).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(
+        s.claim_jobs("w", T0 + 2, T0 + 500, 1).await.unwrap()[0].id,
+        alive.id
+    );
+    start(&*s, &busy.id, false).await;
+    let queued = create(&*s, "t1", "queued", T0 + 3).await;
+
+    assert_eq!(
+        s.expire_job_claims(T0 + 100).await.unwrap(),
+        0,
+        "claims end at, not before, now"
+    );
+    assert_eq!(s.expire_job_claims(T0 + 101).await.unwrap(), 1);
+    let f = job(&*s, &free.id).await;
+    assert_eq!(
+        (f.state, f.version),
+        (JobState::Queued, claimed[0].version + 1)
+    );
+    assert_eq!((f.claimed_by, f.claim_until), (None, None));
+    assert_eq!(
+        job(&*s, &busy.id).await.state,
+        JobState::Running,
+        "an attempt is active"
+    );
+    assert_eq!(
+        job(&*s, &alive.id).await.state,
+        JobState::Running,
+        "claim still valid"
+    );
+    assert_eq!(job(&*s, &queued.id).await, queued);
+    assert_eq!(s.expire_job_claims(T0 + 101).await.unwrap(), 0);
+}
+
+async fn list_jobs_pagination(s: Arc<dyn Store>) {
+    // Seven jobs for t1, three of them at the same millisecond (the id
+    // breaks the tie), and some for t2 that must never show up.
+    let mut mine = Vec::new();
+    for (i, at) in [0, 1, 2, 2, 2, 3, 4].into_iter().enumerate() {
+        mine.push(create(&*s, "t1", &format!("k{i}"), T0 + at).await);
+    }
+    for i in 0..3 {
+        create(&*s, "t2", &format!("k{i}"), T0 + 2).await;
+    }
+    mine.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+
+    let mut pages = Vec::new();
+    let mut cursor: Option<Cursor> = None;
+    loop {
+        let page = s.list_jobs("t1", None, cursor.as_ref(), 3).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 3);
+        let last = page.last().unwrap();
+        cursor = Some(Cursor {
+            created_at: last.created_at,
+            id: last.id.clone(),
+        });
+        pages.push(page);
+    }
+    assert_eq!(
+        pages.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![3, 3, 1]
+    );
+    let listed: Vec<JobRecord> = pages.into_iter().flatten().collect();
+    assert_eq!(listed, mine, "newest first, each job once");
+
+    // State filter, still tenant-scoped and paginated.
+    for j in &mine[..3] {
+        s.cancel_job("t1", &j.id, T0 + 10).await.unwrap().unwrap();
+    }
+    let cancelled = s
+        .list_jobs("t1", Some(JobState::Cancelled), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        cancelled.iter().map(|j| &j.id).collect::<Vec<_>>(),
+        mine[..3].iter().map(|j| &j.id).collect::<Vec<_>>()
+    );
+    let after_first = Cursor {
+        created_at: mine[0].created_at,
+        id: mine[0].id.clone(),
+    };
+    let rest = s
+        .list_jobs("t1", Some(JobState::Cancelled), Some(&after_first), 10)
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 2);
+    assert_eq!(
+        s.list_jobs("t1", Some(JobState::Queued), None, 10)
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+    assert_eq!(
+        s.list_jobs("t2", Some(JobState::Cancelled), None, 10)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    assert_eq!(s.list_jobs("t2", None, None, 10).await.unwrap().len(), 3);
+    assert_eq!(s.list_jobs("t3", None, None, 10).await.unwrap(), vec![]);
+    assert_eq!(s.list_jobs("t1", None, None, 0).await.unwrap(), vec![]);
+}
+
+async fn count_jobs(s: Arc<dyn Store>) {
+    let zeros: Vec<(JobState, i64)> = JobState::ALL.iter().map(|st| (*st, 0)).collect();
+    assert_eq!(s.count_jobs(None).await.unwrap(), zeros);
+    for i in 0..3 {
+        create(&*s, "t1", &format!("k{i}"), T0 + i).await;
+    }
+    let j = create(&*s, "t2", "k", T0 + 5).await;
+    claim_one(&*s, "w", T0).await;
+    s.cancel_job("t2", &j.id, T0 + 1).await.unwrap().unwrap();
+
+    let t1: HashMap<JobState, i64> = s
+        .count_jobs(Some("t1"))
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let t2: HashMap<JobState, i64> = s
+        .count_jobs(Some("t2"))
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let all: HashMap<JobState, i64> = s.count_jobs(None).await.unwrap().into_iter().collect();
+    assert_eq!(
+        (
+            t1[&JobState::Running],
+            t1[&JobState::Queued],
+            t1.values().sum::<i64>()
+        ),
+        (1, 2, 3)
+    );
+    assert_eq!((t2[&JobState::Cancelled], t2.values().sum::<i64>()), (1, 1));
+    for st in JobState::ALL {
+        assert_eq!(all[&st], t1[&st] + t2[&st], "{st:?}");
+    }
+    assert_eq!(s.count_jobs(Some("t9")).await.unwrap(), zeros);
+}
+
+async fn purge_old_terminal_jobs(s: Arc<dyn Store>) {
+    let cutoff = T0 + 1000;
+    let old_done = create(&*s, "t1", "old-done", T0).await;
+    let a = start(&*s, &old_done.id, false).await;
+    assert!(matches!(
+        s.complete(&old_done.id, a.n, a.read_version, "{}", T0 + 1)
+            .await
+            .unwrap(),
+        Completion::Won(_)
+    ));
+    let old_failed = create(&*s, "t1", "old-failed", T0).await;
+    assert!(s.fail_job(&old_failed.id, "x", T0 + 1).await.unwrap());
+    let old_cancelled = create(&*s, "t1", "old-cancelled", T0).await;
+    s.cancel_job("t1", &old_cancelled.id, T0 + 1)
+        .await
+        .unwrap()
+        .unwrap();
+    let old_running = create(&*s, "t1", "old-running", T0 + 2).await;
+    assert_eq!(claim_one(&*s, "w", T0 + 2).await.id, old_running.id);
+    let old_queued = create(&*s, "t1", "old-queued", T0 + 1).await;
+    let new_done = create(&*s, "t1", "new-done", cutoff).await;
+    s.cancel_job("t1", &new_done.id, cutoff + 1)
+        .await
+        .unwrap()
+        .unwrap();
+
+    assert_eq!(s.purge(cutoff).await.unwrap(), 3);
+    for gone in [&old_done, &old_failed, &old_cancelled] {
+        assert_eq!(
+            s.job(None, &gone.id).await.unwrap(),
+            None,
+            "{}",
+            gone.idempotency_key
+        );
+    }
+    assert_eq!(
+        s.attempts(&old_done.id).await.unwrap(),
+        vec![],
+        "attempts go with their job"
+    );
+    assert_eq!(job(&*s, &old_queued.id).await.state, JobState::Queued);
+    assert_eq!(job(&*s, &old_running.id).await.state, JobState::Running);
+    assert_eq!(job(&*s, &new_done.id).await.state, JobState::Cancelled);
+    assert_eq!(s.purge(cutoff).await.unwrap(), 0);
+
+    // The purged key is free again; the live ones are not.
+    let reused = create(&*s, "t1", "old-done", cutoff + 5).await;
+    assert_ne!(reused.id, old_done.id);
+    assert!(matches!(
+        s.create_job(&new_job("t1", "old-queued", cutoff + 5)).await.unwrap(),
+        Created::Existing(j) if j.id == old_queued.id
+    ));
+}
+
+async fn certifications_latest_per_target(s: Arc<dyn Store>) {
+    let cert = |route: &str, provider: &str, model: &str, passed: bool, at: i64, hash: &str| {
+        Certification {
+            route: route.to_owned(),
+            provider: provider.to_owned(),
+            model: model.to_owned(),
+            contract_hash: hash.to_owned(),
+            passed,
+            failures: if passed {
+                "[]".to_owned()
+            } else {
+                r#"[{"case":"json_mode"}]"#.to_owned()
+            },
+            certified_at: at,
+        }
+    };
+    assert_eq!(s.certifications("support-bot").await.unwrap(), vec![]);
+    let history = [
+        cert("support-bot", "primary", "gpt-4o-mini", false, T0, "h1"),
+        cert("support-bot", "primary", "gpt-4o-mini", true, T0 + 10, "h2"),
+        cert(
+            "support-bot",
+            "fallback",
+            "llama-3.1-8b",
+            true,
+            T0 + 5,
+            "h1",
+        ),
+        cert(
+            "support-bot",
+            "fallback",
+            "llama-3.1-8b",
+            false,
+            T0 + 20,
+            "h2",
+        ),
+        cert("support-bot", "primary", "gpt-4o", true, T0, "h1"),
+        // Same time as the previous one: the later record wins.
+        cert("support-bot", "primary", "gpt-4o", false, T0, "h3"),
+        cert("other-route", "primary", "gpt-4o-mini", false, T0 + 99, "x"),
+    ];
+    for c in &history {
+        s.record_certification(c).await.unwrap();
+    }
+    let latest = s.certifications("support-bot").await.unwrap();
+    assert_eq!(
+        latest,
+        vec![history[3].clone(), history[5].clone(), history[1].clone()]
+    );
+    assert_eq!(
+        s.certifications("other-route").await.unwrap(),
+        vec![history[6].clone()]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Backend-specific
+// ---------------------------------------------------------------------------
+
+/// Several replicas starting together migrate the same database at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_concurrent_migrations() {
+    const REPLICAS: usize = 4;
+    let scratch = Scratch::new(Backend::Postgres).await;
+    let url = scratch.url();
+    let barrier = Arc::new(Barrier::new(REPLICAS));
+    let tasks: Vec<_> = (0..REPLICAS)
+        .map(|_| {
+            let (url, barrier) = (url.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                PgStore::connect(&url, 2).await.map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.map_err(|e| e.to_string()).and_then(|r| r));
+    }
+    let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    let failures = format!("{failures:?}");
+    let migrated = match results.first() {
+        Some(Ok(store)) => store
+            .attempts("none")
+            .await
+            .map(|a| a.is_empty())
+            .unwrap_or(false),
+        _ => false,
+    };
+    drop(results);
+    scratch.remove().await;
+    assert_eq!(failures, "[]", "every replica migrates");
+    assert!(migrated, "the tables exist");
+}
+
+/// Opening an existing file runs no migration twice and keeps the data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_reopen_keeps_data() {
+    let scratch = Scratch::new(Backend::Sqlite).await;
+    let id = {
+        let s = scratch.open().await;
+        create(&*s, "t1", "k", T0).await.id
+    };
+    let s = scratch.open().await;
+    let found = s.job(None, &id).await;
+    drop(s);
+    scratch.remove().await;
+    assert_eq!(found.unwrap().map(|j| j.id), Some(id));
+}

@@ -1,0 +1,234 @@
+//! Row shapes shared by both backends, and their checked conversion into
+//! the store's records: states are stored as text, so an unknown one is a
+//! corrupt row rather than a panic.
+
+use super::{AttemptRecord, AttemptState, Certification, JobRecord, JobState, StoreError};
+
+/// A `jobs` row as the database returns it (`SELECT *` / `RETURNING *`).
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct JobRow {
+    id: String,
+    tenant: String,
+    idempotency_key: String,
+    payload_hash: String,
+    fingerprint: String,
+    route: String,
+    request: String,
+    metadata: Option<String>,
+    state: String,
+    version: i64,
+    completed_by: Option<i32>,
+    result: Option<String>,
+    error: Option<String>,
+    not_before: i64,
+    claimed_by: Option<String>,
+    claim_until: Option<i64>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl TryFrom<JobRow> for JobRecord {
+    type Error = StoreError;
+
+    fn try_from(r: JobRow) -> Result<Self, StoreError> {
+        let state = JobState::parse(&r.state).ok_or_else(|| {
+            StoreError::Corrupt(format!("job {}: unknown state {:?}", r.id, r.state))
+        })?;
+        Ok(JobRecord {
+            id: r.id,
+            tenant: r.tenant,
+            idempotency_key: r.idempotency_key,
+            payload_hash: r.payload_hash,
+            fingerprint: r.fingerprint,
+            route: r.route,
+            request: r.request,
+            metadata: r.metadata,
+            state,
+            version: r.version,
+            completed_by: r.completed_by,
+            result: r.result,
+            error: r.error,
+            not_before: r.not_before,
+            claimed_by: r.claimed_by,
+            claim_until: r.claim_until,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+/// An `attempts` row.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct AttemptRow {
+    job_id: String,
+    n: i32,
+    provider: String,
+    model: String,
+    state: String,
+    reason: Option<String>,
+    hedge: bool,
+    read_version: i64,
+    owner: Option<String>,
+    started_at: i64,
+    finished_at: Option<i64>,
+    lease_until: Option<i64>,
+}
+
+impl TryFrom<AttemptRow> for AttemptRecord {
+    type Error = StoreError;
+
+    fn try_from(r: AttemptRow) -> Result<Self, StoreError> {
+        let state = AttemptState::parse(&r.state).ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "attempt {}/{}: unknown state {:?}",
+                r.job_id, r.n, r.state
+            ))
+        })?;
+        Ok(AttemptRecord {
+            job_id: r.job_id,
+            n: r.n,
+            provider: r.provider,
+            model: r.model,
+            state,
+            reason: r.reason,
+            hedge: r.hedge,
+            read_version: r.read_version,
+            owner: r.owner,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            lease_until: r.lease_until,
+        })
+    }
+}
+
+/// A `certifications` row (its surrogate `id` is only a tie-breaker).
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct CertificationRow {
+    route: String,
+    provider: String,
+    model: String,
+    contract_hash: String,
+    passed: bool,
+    failures: String,
+    certified_at: i64,
+}
+
+impl From<CertificationRow> for Certification {
+    fn from(r: CertificationRow) -> Self {
+        Certification {
+            route: r.route,
+            provider: r.provider,
+            model: r.model,
+            contract_hash: r.contract_hash,
+            passed: r.passed,
+            failures: r.failures,
+            certified_at: r.certified_at,
+        }
+    }
+}
+
+/// Converts rows, failing on the first corrupt one.
+pub(super) fn jobs(rows: Vec<JobRow>) -> Result<Vec<JobRecord>, StoreError> {
+    rows.into_iter().map(JobRecord::try_from).collect()
+}
+
+/// Converts rows, failing on the first corrupt one.
+pub(super) fn attempts(rows: Vec<AttemptRow>) -> Result<Vec<AttemptRecord>, StoreError> {
+    rows.into_iter().map(AttemptRecord::try_from).collect()
+}
+
+/// Converts an optional row.
+pub(super) fn job(row: Option<JobRow>) -> Result<Option<JobRecord>, StoreError> {
+    row.map(JobRecord::try_from).transpose()
+}
+
+/// A job state read on its own (not as part of a whole row).
+pub(super) fn job_state(job_id: &str, s: &str) -> Result<JobState, StoreError> {
+    JobState::parse(s)
+        .ok_or_else(|| StoreError::Corrupt(format!("job {job_id}: unknown state {s:?}")))
+}
+
+/// An attempt state read on its own.
+pub(super) fn attempt_state(job_id: &str, n: i32, s: &str) -> Result<AttemptState, StoreError> {
+    AttemptState::parse(s)
+        .ok_or_else(|| StoreError::Corrupt(format!("attempt {job_id}/{n}: unknown state {s:?}")))
+}
+
+/// The states `finish_attempt` may move an attempt to: the ones that end it
+/// without a result.
+pub(super) fn is_finish_target(to: AttemptState) -> bool {
+    matches!(
+        to,
+        AttemptState::Failed | AttemptState::Unknown | AttemptState::Cancelled
+    )
+}
+
+/// `GROUP BY state` counts as one entry per job state, zeros included, so
+/// that a state that empties is reported as 0 rather than vanishing.
+pub(super) fn zero_filled_counts(
+    rows: Vec<(String, i64)>,
+) -> Result<Vec<(JobState, i64)>, StoreError> {
+    let mut counts: Vec<(JobState, i64)> = JobState::ALL.iter().map(|s| (*s, 0)).collect();
+    for (state, count) in rows {
+        let state = JobState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("jobs: unknown state {state:?}")))?;
+        if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == state) {
+            slot.1 += count;
+        }
+    }
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(state: &str) -> JobRow {
+        JobRow {
+            id: "j1".to_owned(),
+            tenant: "t".to_owned(),
+            idempotency_key: "k".to_owned(),
+            payload_hash: "h".to_owned(),
+            fingerprint: "f".to_owned(),
+            route: "r".to_owned(),
+            request: "{}".to_owned(),
+            metadata: None,
+            state: state.to_owned(),
+            version: 0,
+            completed_by: None,
+            result: None,
+            error: None,
+            not_before: 0,
+            claimed_by: None,
+            claim_until: None,
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn unknown_states_are_corrupt_rows() {
+        assert!(matches!(JobRecord::try_from(row("queued")), Ok(j) if j.state == JobState::Queued));
+        assert!(
+            matches!(JobRecord::try_from(row("exploded")), Err(StoreError::Corrupt(m)) if m.contains("exploded"))
+        );
+        assert!(matches!(
+            attempt_state("j1", 1, "paused"),
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            zero_filled_counts(vec![("paused".to_owned(), 1)]),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn counts_cover_every_state() {
+        let counts = zero_filled_counts(vec![("failed".to_owned(), 2)]).ok();
+        let expected: Vec<(JobState, i64)> = JobState::ALL
+            .iter()
+            .map(|s| (*s, if *s == JobState::Failed { 2 } else { 0 }))
+            .collect();
+        assert_eq!(counts, Some(expected));
+    }
+}
