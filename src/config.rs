@@ -719,12 +719,14 @@ fn check_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `IDEM_SERVER__LISTEN=...` sets `server.listen`. `IDEM_CONFIG` names the
-/// file and `IDEM_LOG` the log filter; neither is a config key.
+/// `IDEM_SERVER__LISTEN=...` sets `server.listen`. Only names with a `__`
+/// are config keys (every key lives in a section), so `IDEM_CONFIG`,
+/// `IDEM_LOG` or a provider key named `IDEM_PRIMARY_KEY` never collide
+/// with the configuration.
 fn env_overrides() -> Env {
     Env::prefixed("IDEM_")
+        .filter(|k| k.as_str().contains("__"))
         .split("__")
-        .ignore(&["CONFIG", "LOG"])
 }
 
 /// The embedded default, plus an OpenAI provider and routes when
@@ -774,7 +776,6 @@ fn describe_figment_error(e: figment::Error) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
 

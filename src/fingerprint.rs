@@ -558,7 +558,6 @@ fn write_str(s: &str, out: &mut impl Write) -> io::Result<()> {
 #[cfg(test)]
 // `allow`, not `expect`: it must stay quiet once a `clippy.toml` sets
 // `allow-unwrap-in-tests`.
-#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
     use proptest::prelude::*;

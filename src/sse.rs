@@ -794,7 +794,6 @@ fn pieces(text: &str) -> impl Iterator<Item = &str> {
 #[cfg(test)]
 // `allow`, not `expect`: it must stay quiet once a `clippy.toml` sets
 // `allow-unwrap-in-tests`.
-#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
 

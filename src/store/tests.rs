@@ -6,12 +6,6 @@
 //! `postgres://postgres@127.0.0.1:5432/test`); when it cannot be reached
 //! the PostgreSQL tests fail, they never skip.
 
-#![expect(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails loudly on the first surprise"
-)]
-
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;

@@ -29,7 +29,11 @@ async fn a_wave_of_1000_makes_one_call_the_next_wave_none_and_another_tenant_one
     app.until_followers(999).await;
     release(&app.mock, None).await;
     let results = collect(tasks).await;
-    assert_eq!(app.calls(), 1, "a wave of 1000 identical requests made more than one call");
+    assert_eq!(
+        app.calls(),
+        1,
+        "a wave of 1000 identical requests made more than one call"
+    );
     assert!(results.iter().all(|(s, _, _)| *s == 200));
     let bodies: HashSet<&str> = results.iter().map(|(_, _, b)| b.as_str()).collect();
     assert_eq!(bodies.len(), 1, "followers got different answers");
@@ -42,19 +46,12 @@ async fn a_wave_of_1000_makes_one_call_the_next_wave_none_and_another_tenant_one
     // A second wave within the TTL: no call at all.
     let results = collect(wave(&app, ACME, &body, 1000).await).await;
     assert_eq!(app.calls(), 1);
-    assert!(results.iter().all(|(s, o, b)| *s == 200 && o == "cache-hit" && bodies.contains(b.as_str())));
+    assert!(
+        results
+            .iter()
+            .all(|(s, o, b)| *s == 200 && o == "cache-hit" && bodies.contains(b.as_str()))
+    );
 
-    // The same wave from another tenant: one more call, never acme's answer.
-    let tasks = wave(&app, BETA, &body, 1000).await;
-    held(&app.mock, 1).await;
-    release(&app.mock, None).await;
-    let results = collect(tasks).await;
-    assert_eq!(app.calls(), 2);
-    for (s, _, b) in &results {
-        assert_eq!(*s, 200);
-        assert!(!bodies.contains(b.as_str()), "tenant beta received tenant acme's answer");
-        assert!(b.contains("mock answer #2"), "{b}");
-    }
     // The figures agree.
     let (_, stats) = app.get_json(ACME, "/v1/stats").await;
     let c = &stats["coalescing"];
@@ -64,9 +61,33 @@ async fn a_wave_of_1000_makes_one_call_the_next_wave_none_and_another_tenant_one
     assert_eq!(c["cache_hits"], 1000);
     assert_eq!(c["saved_calls"], 1999);
     let metrics = app.metrics().await;
-    assert!(metrics.contains("idem_requests_total{route=\"bot\",outcome=\"follower\"} 999"), "{metrics}");
-    assert!(metrics.contains("idem_upstream_calls_total{provider=\"primary\",status=\"200\"} 2"), "{metrics}");
-    assert!(metrics.contains("idem_coalesce_wait_seconds_count{route=\"bot\"} 999"), "{metrics}");
+    assert!(
+        metrics.contains("idem_requests_total{route=\"bot\",outcome=\"follower\"} 999"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("idem_upstream_calls_total{provider=\"primary\",status=\"200\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("idem_coalesce_wait_seconds_count{route=\"bot\"} 999"),
+        "{metrics}"
+    );
+
+    // The same wave from another tenant: one more call, never acme's answer.
+    let tasks = wave(&app, BETA, &body, 1000).await;
+    held(&app.mock, 1).await;
+    release(&app.mock, None).await;
+    let results = collect(tasks).await;
+    assert_eq!(app.calls(), 2);
+    for (s, _, b) in &results {
+        assert_eq!(*s, 200);
+        assert!(
+            !bodies.contains(b.as_str()),
+            "tenant beta received tenant acme's answer"
+        );
+        assert!(b.contains("mock answer #2"), "{b}");
+    }
     app.until_no_flights().await;
 }
 
@@ -83,12 +104,18 @@ async fn what_changes_the_answer_makes_a_separate_call_and_noise_does_not() {
 
     let mut hot = base.clone();
     hot["temperature"] = json!(0.8);
-    assert_eq!(app.chat(ACME, &hot).await.headers()["idem-outcome"], "leader");
+    assert_eq!(
+        app.chat(ACME, &hot).await.headers()["idem-outcome"],
+        "leader"
+    );
     assert_eq!(app.calls(), 2, "temperature 0 and 0.8 shared a call");
 
     let mut other = base.clone();
     other["model"] = json!("other");
-    assert_eq!(app.chat(ACME, &other).await.headers()["idem-outcome"], "leader");
+    assert_eq!(
+        app.chat(ACME, &other).await.headers()["idem-outcome"],
+        "leader"
+    );
     assert_eq!(app.calls(), 3, "two models shared a call");
 
     let image = |byte: u8| {
@@ -99,7 +126,11 @@ async fn what_changes_the_answer_makes_a_separate_call_and_noise_does_not() {
     };
     app.chat(ACME, &image(b'A')).await;
     app.chat(ACME, &image(b'B')).await;
-    assert_eq!(app.calls(), 5, "attachments that differ by one byte shared a call");
+    assert_eq!(
+        app.calls(),
+        5,
+        "attachments that differ by one byte shared a call"
+    );
 
     // Noise: request ids, stream, user (tenant scope): the same task.
     let mut noisy = base.clone();
@@ -113,7 +144,10 @@ async fn what_changes_the_answer_makes_a_separate_call_and_noise_does_not() {
     streamed["stream"] = json!(true);
     let r = app.chat(ACME, &streamed).await;
     assert_eq!(r.headers()["idem-outcome"], "cache-hit");
-    assert_eq!(sse_content(&r.text().await.unwrap()), "mock answer #1 to: Summarise this");
+    assert_eq!(
+        sse_content(&r.text().await.unwrap()),
+        "mock answer #1 to: Summarise this"
+    );
     assert_eq!(app.calls(), 5);
 }
 
@@ -144,14 +178,24 @@ async fn a_failing_provider_is_not_re_attacked_by_waiters() {
     let v: Value = serde_json::from_str(first).unwrap();
     assert_eq!(v["error"]["message"], "mock failure");
     let metrics = app.metrics().await;
-    assert!(metrics.contains("idem_leader_errors_shared_total{route=\"bot\"} 199"), "{metrics}");
+    assert!(
+        metrics.contains("idem_leader_errors_shared_total{route=\"bot\"} 199"),
+        "{metrics}"
+    );
 
     // A new wave right after: answered from the negative cache.
     let started = Instant::now();
     let results = collect(wave(&app, ACME, &body, 200).await).await;
-    assert!(started.elapsed() < Duration::from_millis(1500), "the check ran past the negative TTL");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "the check ran past the negative TTL"
+    );
     assert_eq!(app.calls(), 1, "waiters re-attacked a failing provider");
-    assert!(results.iter().all(|(s, o, _)| *s == 500 && o == "negative-hit"));
+    assert!(
+        results
+            .iter()
+            .all(|(s, o, _)| *s == 500 && o == "negative-hit")
+    );
 
     // After the negative TTL: exactly one call again.
     tokio::time::sleep(Duration::from_millis(1600)).await;
@@ -203,7 +247,11 @@ async fn the_leaders_client_leaving_does_not_cancel_the_call() {
     let _ = leader.await;
     release(&app.mock, None).await;
     let results = collect(followers).await;
-    assert!(results.iter().all(|(s, o, b)| *s == 200 && o == "follower" && b.contains("#1")));
+    assert!(
+        results
+            .iter()
+            .all(|(s, o, b)| *s == 200 && o == "follower" && b.contains("#1"))
+    );
     assert_eq!(app.calls(), 1);
     app.until_no_flights().await;
 }
@@ -246,7 +294,14 @@ async fn no_flight_is_left_behind_after_success_error_timeout_or_cancel() {
     // at the provider timeout, and so does the flight.
     let cancelled = tokio::spawn({
         let (client, url) = (app.client.clone(), app.url("/v1/chat/completions"));
-        async move { client.post(url).bearer_auth(ACME).json(&chat_body("cancel")).send().await }
+        async move {
+            client
+                .post(url)
+                .bearer_auth(ACME)
+                .json(&chat_body("cancel"))
+                .send()
+                .await
+        }
     });
     held(&app.mock, 1).await;
     cancelled.abort();
@@ -268,7 +323,11 @@ async fn a_hanging_leader_releases_followers_at_max_wait_without_re_attack() {
     .await;
     let body = chat_body("hang");
     let leader = tokio::spawn({
-        let (client, url, body) = (app.client.clone(), app.url("/v1/chat/completions"), body.clone());
+        let (client, url, body) = (
+            app.client.clone(),
+            app.url("/v1/chat/completions"),
+            body.clone(),
+        );
         async move { client.post(url).bearer_auth(ACME).json(&body).send().await }
     });
     held(&app.mock, 1).await;
@@ -276,10 +335,24 @@ async fn a_hanging_leader_releases_followers_at_max_wait_without_re_attack() {
     let results = collect(
         (0..20)
             .map(|_| {
-                let (client, url, body) = (app.client.clone(), app.url("/v1/chat/completions"), body.clone());
+                let (client, url, body) = (
+                    app.client.clone(),
+                    app.url("/v1/chat/completions"),
+                    body.clone(),
+                );
                 tokio::spawn(async move {
-                    let r = client.post(url).bearer_auth(ACME).json(&body).send().await.unwrap();
-                    let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+                    let r = client
+                        .post(url)
+                        .bearer_auth(ACME)
+                        .json(&body)
+                        .send()
+                        .await
+                        .unwrap();
+                    let retry: u64 = r.headers()["retry-after"]
+                        .to_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
                     let v: Value = r.json().await.unwrap();
                     (v["error"]["code"].as_str().unwrap().to_string(), retry)
                 })
@@ -288,15 +361,28 @@ async fn a_hanging_leader_releases_followers_at_max_wait_without_re_attack() {
     )
     .await;
     let waited = started.elapsed();
-    assert!(waited >= Duration::from_millis(300), "followers released early: {waited:?}");
-    assert!(waited < Duration::from_secs(5), "followers waited far past max_wait: {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "followers released early: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "followers waited far past max_wait: {waited:?}"
+    );
     for (code, retry) in &results {
         assert_eq!(code, "coalesce_wait_timeout");
         assert!((1..=3).contains(retry), "Retry-After {retry}");
     }
-    assert_eq!(app.calls(), 1, "released followers re-attacked the provider");
+    assert_eq!(
+        app.calls(),
+        1,
+        "released followers re-attacked the provider"
+    );
     let metrics = app.metrics().await;
-    assert!(metrics.contains("idem_coalesce_wait_timeouts_total{route=\"bot\"} 20"), "{metrics}");
+    assert!(
+        metrics.contains("idem_coalesce_wait_timeouts_total{route=\"bot\"} 20"),
+        "{metrics}"
+    );
     leader.abort();
 }
 
@@ -316,7 +402,11 @@ async fn on_wait_timeout_stale_serves_the_previous_answer() {
         ..Behaviour::default()
     });
     let leader = tokio::spawn({
-        let (client, url, body) = (app.client.clone(), app.url("/v1/chat/completions"), body.clone());
+        let (client, url, body) = (
+            app.client.clone(),
+            app.url("/v1/chat/completions"),
+            body.clone(),
+        );
         async move { client.post(url).bearer_auth(ACME).json(&body).send().await }
     });
     held(&app.mock, 1).await;
@@ -343,7 +433,11 @@ async fn on_wait_timeout_lead_does_not_steal_a_live_lease() {
     .await;
     let body = chat_body("lead?");
     let leader = tokio::spawn({
-        let (client, url, body) = (app.client.clone(), app.url("/v1/chat/completions"), body.clone());
+        let (client, url, body) = (
+            app.client.clone(),
+            app.url("/v1/chat/completions"),
+            body.clone(),
+        );
         async move { client.post(url).bearer_auth(ACME).json(&body).send().await }
     });
     held(&app.mock, 1).await;
@@ -371,16 +465,29 @@ async fn a_slow_fingerprint_does_not_delay_another() {
     .await;
     let slow = tokio::spawn({
         let (client, url) = (app.client.clone(), app.url("/v1/chat/completions"));
-        async move { client.post(url).bearer_auth(ACME).json(&chat_body("slow")).send().await }
+        async move {
+            client
+                .post(url)
+                .bearer_auth(ACME)
+                .json(&chat_body("slow"))
+                .send()
+                .await
+        }
     });
     held(&app.mock, 1).await;
     let started = Instant::now();
     let r = app
-        .chat(ACME, &json!({"model": "fast", "messages": [{"role": "user", "content": "quick"}]}))
+        .chat(
+            ACME,
+            &json!({"model": "fast", "messages": [{"role": "user", "content": "quick"}]}),
+        )
         .await;
     let took = started.elapsed();
     assert_eq!(r.status(), 200);
-    assert!(took < Duration::from_millis(500), "the fast request took {took:?} behind a slow one");
+    assert!(
+        took < Duration::from_millis(500),
+        "the fast request took {took:?} behind a slow one"
+    );
     slow.abort();
 }
 
@@ -398,7 +505,11 @@ async fn cache_ttls_are_jittered_across_the_whole_band() {
                     .send()
                     .await
                     .unwrap();
-                r.headers()["idem-cache-ttl-ms"].to_str().unwrap().parse::<u64>().unwrap()
+                r.headers()["idem-cache-ttl-ms"]
+                    .to_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
             })
         })
         .collect();
@@ -429,7 +540,11 @@ async fn streaming_and_plain_followers_of_a_streaming_leader_get_the_same_text()
     app.until_followers(10).await;
     release(&app.mock, None).await;
     let expected = "mock answer #1 to: tell me a story about coalescing";
-    for (s, o, b) in collect(leader).await.into_iter().chain(collect(stream_followers).await) {
+    for (s, o, b) in collect(leader)
+        .await
+        .into_iter()
+        .chain(collect(stream_followers).await)
+    {
         assert_eq!(s, 200);
         assert!(o == "leader" || o == "follower");
         assert_eq!(sse_content(&b), expected);
@@ -448,10 +563,14 @@ async fn cache_control_no_cache_and_no_store() {
     let app = TestApp::spawn().await;
     let body = chat_body("cache control");
     app.chat(ACME, &body).await;
-    let r = app.chat_with(ACME, &body, &[("cache-control", "no-cache")]).await;
+    let r = app
+        .chat_with(ACME, &body, &[("cache-control", "no-cache")])
+        .await;
     assert_eq!(r.headers()["idem-outcome"], "leader");
     assert_eq!(app.calls(), 2);
-    let r = app.chat_with(ACME, &body, &[("cache-control", "no-store")]).await;
+    let r = app
+        .chat_with(ACME, &body, &[("cache-control", "no-store")])
+        .await;
     assert_eq!(r.headers()["idem-outcome"], "bypass");
     assert_eq!(app.calls(), 3);
     // no-cache stored its fresh answer; a plain request now hits it.

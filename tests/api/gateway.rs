@@ -16,7 +16,10 @@ async fn a_plain_completion_is_proxied_with_the_upstream_model_and_idem_headers(
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "application/json");
     assert_eq!(r.headers()["idem-outcome"], "leader");
-    let fp = r.headers()["idem-fingerprint"].to_str().unwrap().to_string();
+    let fp = r.headers()["idem-fingerprint"]
+        .to_str()
+        .unwrap()
+        .to_string();
     assert!(fp.starts_with("v1:") && fp.len() == 67, "{fp}");
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["object"], "chat.completion");
@@ -61,7 +64,11 @@ async fn a_streamed_completion_is_relayed_chunk_by_chunk() {
     assert!(first.starts_with(b"data: "), "{first:?}");
     // The first event reached the client while the provider was still
     // sending: nothing waited for the whole answer.
-    assert_eq!(app.mock.stats().in_flight, 1, "the gateway buffered the stream");
+    assert_eq!(
+        app.mock.stats().in_flight,
+        1,
+        "the gateway buffered the stream"
+    );
     let mut text = String::from_utf8(first.to_vec()).unwrap();
     while let Some(chunk) = stream.next().await {
         text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
@@ -81,7 +88,12 @@ async fn models_lists_the_routes() {
     .await;
     let (status, v) = app.get_json(ACME, "/v1/models").await;
     assert_eq!(status, 200);
-    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, vec!["bot", "second"]);
 }
 
@@ -114,36 +126,117 @@ async fn every_bad_request_gets_its_error_object_and_no_upstream_call() {
     );
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
         ("empty body", vec![], 400, "invalid_json"),
-        ("truncated JSON", br#"{"model":"bot","messages":["#.to_vec(), 400, "invalid_json"),
+        (
+            "truncated JSON",
+            br#"{"model":"bot","messages":["#.to_vec(),
+            400,
+            "invalid_json",
+        ),
         ("not JSON", b"model=bot".to_vec(), 400, "invalid_json"),
-        ("invalid UTF-8", b"{\"model\":\"\xff\xfe\"}".to_vec(), 400, "invalid_json"),
+        (
+            "invalid UTF-8",
+            b"{\"model\":\"\xff\xfe\"}".to_vec(),
+            400,
+            "invalid_json",
+        ),
         ("an array", b"[1,2,3]".to_vec(), 400, "invalid_type"),
         ("deep nesting", deep.into_bytes(), 400, "nesting_too_deep"),
-        ("deep nesting inside", deep_obj.into_bytes(), 400, "nesting_too_deep"),
-        ("no model", br#"{"messages":[{"role":"user","content":"x"}]}"#.to_vec(), 400, "missing_required_parameter"),
-        ("model a number", br#"{"model":5,"messages":[{"role":"user","content":"x"}]}"#.to_vec(), 400, "invalid_type"),
-        ("messages a string", br#"{"model":"bot","messages":"hi"}"#.to_vec(), 400, "invalid_type"),
-        ("no messages", br#"{"model":"bot","messages":[]}"#.to_vec(), 400, "invalid_value"),
-        ("bad role", br#"{"model":"bot","messages":[{"role":"root","content":"x"}]}"#.to_vec(), 400, "invalid_value"),
-        ("content a number", br#"{"model":"bot","messages":[{"role":"user","content":1}]}"#.to_vec(), 400, "invalid_type"),
-        ("temperature too high", br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"temperature":3}"#.to_vec(), 400, "invalid_value"),
-        ("negative max_tokens", br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#.to_vec(), 400, "invalid_value"),
-        ("stream a string", br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#.to_vec(), 400, "invalid_type"),
-        ("NaN", br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"temperature":NaN}"#.to_vec(), 400, "invalid_json"),
-        ("unknown model", br#"{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}"#.to_vec(), 404, "model_not_found"),
+        (
+            "deep nesting inside",
+            deep_obj.into_bytes(),
+            400,
+            "nesting_too_deep",
+        ),
+        (
+            "no model",
+            br#"{"messages":[{"role":"user","content":"x"}]}"#.to_vec(),
+            400,
+            "missing_required_parameter",
+        ),
+        (
+            "model a number",
+            br#"{"model":5,"messages":[{"role":"user","content":"x"}]}"#.to_vec(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "messages a string",
+            br#"{"model":"bot","messages":"hi"}"#.to_vec(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "no messages",
+            br#"{"model":"bot","messages":[]}"#.to_vec(),
+            400,
+            "invalid_value",
+        ),
+        (
+            "bad role",
+            br#"{"model":"bot","messages":[{"role":"root","content":"x"}]}"#.to_vec(),
+            400,
+            "invalid_value",
+        ),
+        (
+            "content a number",
+            br#"{"model":"bot","messages":[{"role":"user","content":1}]}"#.to_vec(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "temperature too high",
+            br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"temperature":3}"#
+                .to_vec(),
+            400,
+            "invalid_value",
+        ),
+        (
+            "negative max_tokens",
+            br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#
+                .to_vec(),
+            400,
+            "invalid_value",
+        ),
+        (
+            "stream a string",
+            br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#
+                .to_vec(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "NaN",
+            br#"{"model":"bot","messages":[{"role":"user","content":"x"}],"temperature":NaN}"#
+                .to_vec(),
+            400,
+            "invalid_json",
+        ),
+        (
+            "unknown model",
+            br#"{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}"#.to_vec(),
+            404,
+            "model_not_found",
+        ),
         ("too large", vec![b' '; 70_000], 413, "request_too_large"),
     ];
     for (name, body, status, code) in cases {
         let r = post(body).send().await.unwrap();
         assert_eq!(r.status().as_u16(), status, "{name}");
-        let v: Value = r.json().await.unwrap_or_else(|e| panic!("{name}: body is not JSON: {e}"));
+        let v: Value = r
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: body is not JSON: {e}"));
         assert_eq!(v["error"]["code"], code, "{name}: {v}");
         assert!(v["error"]["message"].is_string(), "{name}");
         assert!(v["error"]["type"].is_string(), "{name}");
-        assert!(v["error"].as_object().unwrap().contains_key("param"), "{name}");
+        assert!(
+            v["error"].as_object().unwrap().contains_key("param"),
+            "{name}"
+        );
     }
     // A body over the limit without a content-length (chunked) is refused too.
-    let chunks = futures_util::stream::iter((0..20).map(|_| Ok::<_, std::io::Error>(vec![b' '; 5000])));
+    let chunks =
+        futures_util::stream::iter((0..20).map(|_| Ok::<_, std::io::Error>(vec![b' '; 5000])));
     let r = app
         .client
         .post(&url)
@@ -155,7 +248,10 @@ async fn every_bad_request_gets_its_error_object_and_no_upstream_call() {
     assert_error(r, 413, "request_too_large").await;
     assert_eq!(app.calls(), 0, "a bad request reached the provider");
     // And the gateway still serves.
-    assert_eq!(app.chat(ACME, &chat_body("still alive")).await.status(), 200);
+    assert_eq!(
+        app.chat(ACME, &chat_body("still alive")).await.status(),
+        200
+    );
 }
 
 #[tokio::test]
@@ -166,14 +262,42 @@ async fn wrong_or_missing_keys_are_401_and_admin_keys_cannot_chat() {
     let r = app.client.post(&url).json(&body).send().await.unwrap();
     let v = assert_error(r, 401, "invalid_api_key").await;
     assert_eq!(v["error"]["type"], "invalid_request_error");
-    let r = app.client.post(&url).bearer_auth("sk-nope-nope").json(&body).send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth("sk-nope-nope")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_error(r, 401, "invalid_api_key").await;
-    let r = app.client.post(&url).header("authorization", ACME).json(&body).send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .header("authorization", ACME)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_error(r, 401, "invalid_api_key").await;
-    let r = app.client.post(&url).bearer_auth(ADMIN).json(&body).send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_error(r, 403, "tenant_key_required").await;
     // The error never echoes the presented key.
-    let r = app.client.post(&url).bearer_auth("sk-secret-guess").json(&body).send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth("sk-secret-guess")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert!(!r.text().await.unwrap().contains("sk-secret-guess"));
     assert_eq!(app.calls(), 0);
 }
@@ -181,9 +305,21 @@ async fn wrong_or_missing_keys_are_401_and_admin_keys_cannot_chat() {
 #[tokio::test]
 async fn unknown_paths_and_methods_get_error_objects() {
     let app = TestApp::spawn().await;
-    let r = app.client.get(app.url("/v1/nothing")).bearer_auth(ACME).send().await.unwrap();
+    let r = app
+        .client
+        .get(app.url("/v1/nothing"))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
     assert_error(r, 404, "not_found").await;
-    let r = app.client.get(app.url("/v1/chat/completions")).bearer_auth(ACME).send().await.unwrap();
+    let r = app
+        .client
+        .get(app.url("/v1/chat/completions"))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
     assert_error(r, 405, "method_not_allowed").await;
 }
 
@@ -200,7 +336,11 @@ async fn graceful_shutdown_finishes_requests_in_progress_then_exits() {
     let dir = temp_dir();
     let db = format!("sqlite://{}", dir.join("idem.db").display());
     let config = dir.join("idem.toml");
-    std::fs::write(&config, config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0")).unwrap();
+    std::fs::write(
+        &config,
+        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
+    )
+    .unwrap();
     let mut proc = Proc::start(&config, &[]).await;
     let client = client();
     let url = format!("{}/v1/chat/completions", proc.base);
@@ -244,8 +384,10 @@ async fn provider_keys_come_from_the_environment_and_client_keys_never_travel() 
     let mocks = start_mocks(&Spec::default()).await;
     let dir = temp_dir();
     let db = format!("sqlite://{}", dir.join("idem.db").display());
-    let text = config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0")
-        .replace("timeout = \"30s\"\n", "timeout = \"30s\"\napi_key_env = \"IDEM_TEST_PRIMARY_KEY\"\n");
+    let text = config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0").replace(
+        "timeout = \"30s\"\n",
+        "timeout = \"30s\"\napi_key_env = \"IDEM_TEST_PRIMARY_KEY\"\n",
+    );
     let config = dir.join("idem.toml");
     std::fs::write(&config, text).unwrap();
     let mut proc = Proc::start(&config, &[("IDEM_TEST_PRIMARY_KEY", "sk-provider-secret")]).await;
@@ -258,7 +400,10 @@ async fn provider_keys_come_from_the_environment_and_client_keys_never_travel() 
         .unwrap();
     assert_eq!(r.status(), 200);
     let seen = &mocks.primary.stats().last_requests[0];
-    assert_eq!(seen.authorization.as_deref(), Some("Bearer sk-provider-secret"));
+    assert_eq!(
+        seen.authorization.as_deref(),
+        Some("Bearer sk-provider-secret")
+    );
     proc.signal("TERM");
     let _ = proc.child.wait().await;
     // Neither key appears in the gateway's log.

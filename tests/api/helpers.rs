@@ -24,7 +24,8 @@ pub const ADMIN: &str = "admin-test-secret";
 
 /// PostgreSQL for tests: `IDEM_TEST_DATABASE_URL`, default the local server.
 pub fn pg_url() -> String {
-    std::env::var("IDEM_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("IDEM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// A fresh, empty PostgreSQL schema for one test; the URL selects it.
@@ -52,7 +53,10 @@ async fn sqlx_connect(url: &str) -> sqlx::PgPool {
 }
 
 async fn sqlx_exec(pool: &sqlx::PgPool, sql: &str) {
-    sqlx::query(sql).execute(pool).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+        .execute(pool)
+        .await
+        .unwrap();
 }
 
 /// What a test gateway looks like. The default: tenants `acme` and `beta`,
@@ -248,8 +252,17 @@ impl TestApp {
             .unwrap()
     }
 
-    pub async fn chat_with(&self, key: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
-        let mut r = self.client.post(self.url("/v1/chat/completions")).bearer_auth(key).json(body);
+    pub async fn chat_with(
+        &self,
+        key: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
+        let mut r = self
+            .client
+            .post(self.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(body);
         for (k, v) in headers {
             r = r.header(*k, *v);
         }
@@ -257,12 +270,24 @@ impl TestApp {
     }
 
     pub async fn get_json(&self, key: &str, path: &str) -> (u16, Value) {
-        let r = self.client.get(self.url(path)).bearer_auth(key).send().await.unwrap();
+        let r = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
-    pub async fn post_json(&self, key: &str, path: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    pub async fn post_json(
+        &self,
+        key: &str,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
         let mut r = self.client.post(self.url(path)).bearer_auth(key).json(body);
         for (k, v) in headers {
             r = r.header(*k, *v);
@@ -271,7 +296,14 @@ impl TestApp {
     }
 
     pub async fn metrics(&self) -> String {
-        self.client.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap()
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 
     /// Upstream calls the primary mock has seen.
@@ -289,7 +321,10 @@ impl TestApp {
     /// Waits until no flight is in progress.
     pub async fn until_no_flights(&self) {
         let table = &self.state.coalescer.table;
-        eventually(Duration::from_secs(30), || table.inflight() == 0 && table.is_empty()).await;
+        eventually(Duration::from_secs(30), || {
+            table.inflight() == 0 && table.is_empty()
+        })
+        .await;
     }
 
     pub async fn stop(mut self) {
@@ -316,7 +351,10 @@ impl Drop for TestApp {
 pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < limit, "condition not reached within {limit:?}");
+        assert!(
+            start.elapsed() < limit,
+            "condition not reached within {limit:?}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -329,18 +367,33 @@ where
 {
     let start = Instant::now();
     while !cond().await {
-        assert!(start.elapsed() < limit, "condition not reached within {limit:?}");
+        assert!(
+            start.elapsed() < limit,
+            "condition not reached within {limit:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// Waits until the mock holds at least `n` requests; returns their seqs.
 pub async fn held(mock: &MockServer, n: usize) -> Vec<u64> {
-    let url = format!("http://{}/_mock/held?at_least={n}&timeout_ms=20000", mock.addr());
+    let url = format!(
+        "http://{}/_mock/held?at_least={n}&timeout_ms=20000",
+        mock.addr()
+    );
     let r = reqwest::get(&url).await.unwrap();
-    assert_eq!(r.status(), 200, "the mock did not hold {n} requests in time");
+    assert_eq!(
+        r.status(),
+        200,
+        "the mock did not hold {n} requests in time"
+    );
     let v: Value = r.json().await.unwrap();
-    v["held"].as_array().unwrap().iter().map(|s| s.as_u64().unwrap()).collect()
+    v["held"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect()
 }
 
 /// Releases held requests: all (`seq: None`) or one.
@@ -374,15 +427,23 @@ pub fn chat_body(content: &str) -> Value {
 
 /// The assistant content of a plain completion.
 pub fn content_of(v: &Value) -> String {
-    v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string()
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// Concatenated delta contents of an SSE body; asserts it ends with [DONE].
 pub fn sse_content(text: &str) -> String {
-    assert!(text.trim_end().ends_with("data: [DONE]"), "stream does not end with [DONE]: {text}");
+    assert!(
+        text.trim_end().ends_with("data: [DONE]"),
+        "stream does not end with [DONE]: {text}"
+    );
     let mut out = String::new();
     for line in text.lines() {
-        let Some(data) = line.strip_prefix("data: ") else { continue };
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
         if data == "[DONE]" {
             continue;
         }
@@ -407,12 +468,28 @@ pub async fn assert_error(resp: reqwest::Response, status: u16, code: &str) -> V
 }
 
 /// Fires `n` identical requests at once; returns (status, outcome, body).
-pub async fn wave(app: &TestApp, key: &str, body: &Value, n: usize) -> Vec<tokio::task::JoinHandle<(u16, String, String)>> {
+pub async fn wave(
+    app: &TestApp,
+    key: &str,
+    body: &Value,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<(u16, String, String)>> {
     (0..n)
         .map(|_| {
-            let (client, url, key, body) = (app.client.clone(), app.url("/v1/chat/completions"), key.to_string(), body.clone());
+            let (client, url, key, body) = (
+                app.client.clone(),
+                app.url("/v1/chat/completions"),
+                key.to_string(),
+                body.clone(),
+            );
             tokio::spawn(async move {
-                let r = client.post(url).bearer_auth(key).json(&body).send().await.unwrap();
+                let r = client
+                    .post(url)
+                    .bearer_auth(key)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
                 let status = r.status().as_u16();
                 let outcome = r
                     .headers()
@@ -433,7 +510,10 @@ pub async fn collect<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
     out
 }
 
-pub fn count_by<T, K: std::hash::Hash + Eq>(items: &[T], key: impl Fn(&T) -> K) -> HashMap<K, usize> {
+pub fn count_by<T, K: std::hash::Hash + Eq>(
+    items: &[T],
+    key: impl Fn(&T) -> K,
+) -> HashMap<K, usize> {
     let mut m = HashMap::new();
     for i in items {
         *m.entry(key(i)).or_insert(0) += 1;

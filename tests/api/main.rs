@@ -1,0 +1,13 @@
+//! Integration tests: the real idem gateway on port 0, spoken to over HTTP
+//! the way a client does, against the real store and mock providers.
+//! One test binary (`cargo test --test api`).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
+
+mod coalescing;
+mod gateway;
+mod helpers;
