@@ -93,6 +93,10 @@ pub struct Ask<'a> {
     /// Read the result and negative caches (`Cache-Control: no-cache` and
     /// `cache.enabled = false` turn this off).
     pub read_cache: bool,
+    /// Read the negative cache. Job attempts do not: they pace themselves
+    /// with backoff, and an attempt answered from the cache would burn the
+    /// job's budget without asking the provider.
+    pub read_negative: bool,
     /// Write answers to the caches.
     pub write_cache: bool,
     /// Share the call with identical requests (`no-store` and
@@ -183,7 +187,7 @@ impl Coalescer {
 
     /// One target: its negative cache, then its flight.
     async fn via_target(&self, ask: &Ask<'_>, target: &Target) -> Result<Delivery, ApiError> {
-        if ask.read_cache
+        if ask.read_negative
             && let Some((answer, age)) = self.cache.negative(&ask.fp, target.index)
         {
             let mut d = Delivery::done(Outcome::NegativeHit, answer);

@@ -67,6 +67,7 @@ pub async fn chat_completions(
         fp,
         body: &req.body,
         read_cache: cfg.cache.enabled && policy.read,
+        read_negative: cfg.cache.enabled && policy.read,
         write_cache: policy.write,
         coalesce: cfg.coalesce.enabled && policy.coalesce,
         only_target: None,

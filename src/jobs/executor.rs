@@ -334,6 +334,7 @@ impl AttemptCtx {
             fp: self.fp,
             body: &self.request,
             read_cache: cfg.cache.enabled,
+            read_negative: false,
             write_cache: true,
             coalesce: cfg.coalesce.enabled,
             only_target: Some(self.target),

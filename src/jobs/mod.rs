@@ -299,7 +299,10 @@ fn job_answer(job: &JobRecord, route: &Route) -> Answer {
 
 /// RFC 3339 text of a millisecond timestamp.
 pub fn rfc3339(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    // humantime formats years up to 9999; clamp rather than fail.
+    const MAX_MS: u64 = 253_402_300_799_999;
+    let ms = u64::try_from(ms).unwrap_or(0).min(MAX_MS);
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()
 }
 

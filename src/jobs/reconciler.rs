@@ -17,7 +17,7 @@ use crate::store::{AttemptState, Backend, JobState, now_ms};
 /// still `starting`/`running` was left by a process that is gone.
 pub async fn on_startup(app: &AppState) {
     if app.store.backend() == Backend::Sqlite {
-        match app.store.expire_attempt_leases(i64::MAX).await {
+        match app.store.expire_attempt_leases(i64::MAX, now_ms()).await {
             Ok(left) => {
                 for a in &left {
                     tracing::warn!(job = %a.job_id, attempt = a.n, "attempt left in flight by a previous run is now unknown");
@@ -44,7 +44,7 @@ pub async fn run(app: AppState, shutdown: CancellationToken) {
 pub async fn once(app: &AppState) {
     let store = &app.store;
     let now = now_ms();
-    match store.expire_attempt_leases(now).await {
+    match store.expire_attempt_leases(now, now).await {
         Ok(expired) => {
             for a in &expired {
                 tracing::warn!(job = %a.job_id, attempt = a.n, owner = ?a.owner, "attempt lease expired: unknown");

@@ -393,9 +393,14 @@ pub trait Store: Send + Sync + 'static {
     /// afterwards (None: no such job for this tenant).
     async fn cancel_job(&self, tenant: &str, job_id: &str, now: i64) -> Result<Option<JobRecord>>;
 
-    /// Attempts `starting`/`running` whose lease ended before `now` become
-    /// `unknown` (reason `lease_expired`); returns them. Never re-runs.
-    async fn expire_attempt_leases(&self, now: i64) -> Result<Vec<AttemptRecord>>;
+    /// Attempts `starting`/`running` whose lease ended before
+    /// `lease_before` become `unknown` (reason `lease_expired`, finished at
+    /// `now`); returns them. Never re-runs.
+    async fn expire_attempt_leases(
+        &self,
+        lease_before: i64,
+        now: i64,
+    ) -> Result<Vec<AttemptRecord>>;
 
     /// `running` jobs whose claim ended before `now` and that have no
     /// active attempt go back to `queued` (version + 1); returns how many.

@@ -455,12 +455,17 @@ impl Store for PgStore {
         Ok(Some(row.try_into()?))
     }
 
-    async fn expire_attempt_leases(&self, now: i64) -> Result<Vec<AttemptRecord>> {
+    async fn expire_attempt_leases(
+        &self,
+        lease_before: i64,
+        now: i64,
+    ) -> Result<Vec<AttemptRecord>> {
         let rows: Vec<AttemptRow> = sqlx::query_as(
-            "UPDATE attempts SET state = 'unknown', reason = 'lease_expired', finished_at = $1
+            "UPDATE attempts SET state = 'unknown', reason = 'lease_expired', finished_at = $2
              WHERE state IN ('starting', 'running') AND lease_until < $1
              RETURNING *",
         )
+        .bind(lease_before)
         .bind(now)
         .fetch_all(&self.pool)
         .await?;

@@ -913,7 +913,13 @@ async fn renew_claim_and_attempt(s: Arc<dyn Store>) {
         Some(T0 + 90_000)
     );
     // Once the lease has run out, the owner learns it cannot renew.
-    assert_eq!(s.expire_attempt_leases(T0 + 90_001).await.unwrap().len(), 1);
+    assert_eq!(
+        s.expire_attempt_leases(T0 + 90_001, T0 + 90_001)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     assert!(
         !s.renew_attempt(&j.id, a.n, "worker-a", T0 + 200_000)
             .await
@@ -1055,7 +1061,7 @@ async fn expire_attempt_leases(s: Arc<dyn Store>) {
         .unwrap()
     );
 
-    let expired = s.expire_attempt_leases(T0 + 200).await.unwrap();
+    let expired = s.expire_attempt_leases(T0 + 200, T0 + 200).await.unwrap();
     let ids: HashSet<&str> = expired.iter().map(|a| a.job_id.as_str()).collect();
     assert_eq!(
         ids,
@@ -1087,7 +1093,10 @@ async fn expire_attempt_leases(s: Arc<dyn Store>) {
     expected.sort();
     assert_eq!(unknown, expected);
     // Nothing is re-run and a second pass finds nothing new.
-    assert_eq!(s.expire_attempt_leases(T0 + 200).await.unwrap(), vec![]);
+    assert_eq!(
+        s.expire_attempt_leases(T0 + 200, T0 + 200).await.unwrap(),
+        vec![]
+    );
     assert_eq!(s.attempts(&starting_expired).await.unwrap().len(), 1);
 }
 

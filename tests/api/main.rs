@@ -11,3 +11,4 @@
 mod coalescing;
 mod gateway;
 mod helpers;
+mod jobs;

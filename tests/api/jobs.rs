@@ -1,0 +1,640 @@
+//! Jobs and attempts (SPEC section 5) over HTTP: idempotency keys, the
+//! attempt state machine, compare-and-swap completion, crash recovery.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use idem::mock_upstream::Behaviour;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+fn job_request(content: &str) -> Value {
+    json!({"request": chat_body(content), "metadata": {"order": 45}})
+}
+
+async fn create(app: &TestApp, tenant: &str, key: &str, body: &Value) -> reqwest::Response {
+    app.post_json(tenant, "/v1/jobs", body, &[("idempotency-key", key)])
+        .await
+}
+
+async fn job(app: &TestApp, tenant: &str, id: &str) -> Value {
+    let (status, v) = app.get_json(tenant, &format!("/v1/jobs/{id}")).await;
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+/// Polls the job until `cond` holds.
+async fn job_until(app: &TestApp, tenant: &str, id: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..1500 {
+        last = job(app, tenant, id).await;
+        if cond(&last) {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("job never reached the expected state: {last}");
+}
+
+fn state_is(s: &'static str) -> impl Fn(&Value) -> bool {
+    move |j: &Value| j["state"] == s
+}
+
+fn holding() -> Spec {
+    Spec {
+        primary: Behaviour {
+            hold: true,
+            ..Behaviour::default()
+        },
+        ..Spec::default()
+    }
+}
+
+async fn double_click(spec: Spec) {
+    let app = TestApp::with(spec).await;
+    let body = job_request("Charge order 45");
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (client, url, body) = (app.client.clone(), app.url("/v1/jobs"), body.clone());
+            tokio::spawn(async move {
+                let r = client
+                    .post(url)
+                    .bearer_auth(ACME)
+                    .header("idempotency-key", "order-45")
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let replayed = r.headers().get("idempotent-replayed").is_some();
+                let v: Value = r.json().await.unwrap();
+                (status, replayed, v["id"].as_str().unwrap().to_string())
+            })
+        })
+        .collect();
+    let results = collect(tasks).await;
+    let ids: HashSet<&str> = results.iter().map(|(_, _, id)| id.as_str()).collect();
+    assert_eq!(ids.len(), 1, "one key made several jobs");
+    assert_eq!(results.iter().filter(|(s, _, _)| *s == 201).count(), 1);
+    assert!(
+        results
+            .iter()
+            .filter(|(s, _, _)| *s == 200)
+            .all(|(_, replayed, _)| *replayed)
+    );
+    let id = ids.into_iter().next().unwrap().to_string();
+    held(&app.mock, 1).await;
+    release(&app.mock, None).await;
+    let done = job_until(&app, ACME, &id, state_is("succeeded")).await;
+    assert_eq!(done["completed_by"], 1);
+    assert_eq!(done["attempts"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        content_of(&done["result"]),
+        "mock answer #1 to: Charge order 45"
+    );
+    let (_, list) = app.get_json(ACME, "/v1/jobs").await;
+    assert_eq!(
+        list["data"].as_array().unwrap().len(),
+        1,
+        "more than one row"
+    );
+    assert_eq!(
+        app.calls(),
+        1,
+        "a double-click made more than one upstream call"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn double_click_makes_one_job_and_one_call_on_sqlite() {
+    double_click(holding()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn double_click_makes_one_job_and_one_call_on_postgres() {
+    double_click(Spec {
+        postgres: true,
+        ..holding()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn same_key_other_payload_is_409_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let r = create(&app, ACME, "k-1", &job_request("first")).await;
+    assert_eq!(r.status(), 201);
+    let first: Value = r.json().await.unwrap();
+    let id = first["id"].as_str().unwrap().to_string();
+    let before = job_until(&app, ACME, &id, state_is("succeeded")).await;
+    let r = create(&app, ACME, "k-1", &job_request("second")).await;
+    assert_error(r, 409, "idempotency_key_reused").await;
+    // Other metadata is another intent too.
+    let mut other_meta = job_request("first");
+    other_meta["metadata"] = json!({"order": 46});
+    assert_error(
+        create(&app, ACME, "k-1", &other_meta).await,
+        409,
+        "idempotency_key_reused",
+    )
+    .await;
+    let after = job(&app, ACME, &id).await;
+    assert_eq!(before, after, "the first job changed");
+    let (_, list) = app.get_json(ACME, "/v1/jobs").await;
+    assert_eq!(list["data"].as_array().unwrap().len(), 1);
+    // The same payload replays with 200.
+    let r = create(&app, ACME, "k-1", &job_request("first")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test]
+async fn keys_are_required_and_checked() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .post_json(ACME, "/v1/jobs", &job_request("x"), &[])
+        .await;
+    assert_error(r, 400, "idempotency_key_missing").await;
+    let long = "k".repeat(256);
+    assert_error(
+        create(&app, ACME, &long, &job_request("x")).await,
+        400,
+        "idempotency_key_invalid",
+    )
+    .await;
+    let ok = "k".repeat(255);
+    assert_eq!(
+        create(&app, ACME, &ok, &job_request("x")).await.status(),
+        201
+    );
+    let r = app
+        .post_json(
+            ACME,
+            "/v1/jobs",
+            &json!({"metadata": {}}),
+            &[("idempotency-key", "k2")],
+        )
+        .await;
+    assert_error(r, 400, "missing_required_parameter").await;
+    let r = create(
+        &app,
+        ACME,
+        "k3",
+        &json!({"request": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}}),
+    )
+    .await;
+    assert_error(r, 404, "model_not_found").await;
+}
+
+#[tokio::test]
+async fn a_timeout_is_unknown_blocks_retries_until_resolved() {
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            hang: true,
+            ..Behaviour::default()
+        },
+        provider_timeout: "3s".into(),
+        attempts: "timeout = \"500ms\"\nmax = 3\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let r = create(&app, ACME, "slow-1", &job_request("will hang")).await;
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let j = job_until(&app, ACME, &id, |j| j["attempts"][0]["state"] == "unknown").await;
+    assert_eq!(j["attempts"][0]["reason"], "timeout");
+    assert_eq!(
+        j["state"], "running",
+        "an unknown attempt must hold the job"
+    );
+    // No automatic retry: give the executor every chance, then count.
+    app.until_no_flights().await;
+    let j = job(&app, ACME, &id).await;
+    assert_eq!(
+        j["attempts"].as_array().unwrap().len(),
+        1,
+        "an unknown attempt was retried: {j}"
+    );
+    assert_eq!(app.calls(), 1);
+    // A manual retry is refused while the attempt is unknown.
+    let r = app
+        .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
+        .await;
+    assert_error(r, 409, "attempt_in_progress").await;
+    // Only an admin may resolve.
+    let resolve = format!("/v1/jobs/{id}/attempts/1/resolve");
+    let r = app
+        .post_json(ACME, &resolve, &json!({"outcome": "failed"}), &[])
+        .await;
+    assert_error(r, 403, "admin_key_required").await;
+    let r = app
+        .post_json(ADMIN, &resolve, &json!({"outcome": "failed"}), &[])
+        .await;
+    assert_eq!(r.status(), 200);
+    let j: Value = r.json().await.unwrap();
+    assert_eq!(j["attempts"][0]["state"], "failed");
+    assert_eq!(j["state"], "failed");
+    // Now a retry is allowed and succeeds.
+    app.mock.set_behaviour(Behaviour::default());
+    let r = app
+        .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
+        .await;
+    assert_eq!(r.status(), 202);
+    let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
+    assert_eq!(j["completed_by"], 2);
+    assert_eq!(j["attempts"][1]["state"], "succeeded");
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reverse_order_finish_the_second_to_return_loses() {
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            hold: true,
+            ..Behaviour::default()
+        },
+        fallback: Some(Behaviour {
+            hold: true,
+            ..Behaviour::default()
+        }),
+        attempts: "hedge_after = \"100ms\"\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let fallback = app.fallback.as_ref().unwrap();
+    let r = create(&app, ACME, "race-1", &job_request("who wins")).await;
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Attempt A (primary) started first and is held; the hedge B follows.
+    let a = held(&app.mock, 1).await;
+    let b = held(fallback, 1).await;
+    // B returns first and wins.
+    release_with(fallback, json!({"seq": b[0], "content": "ANSWER-FROM-B"})).await;
+    let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
+    assert_eq!(j["completed_by"], 2);
+    let version = j["version"].clone();
+    // A returns last and loses.
+    release_with(&app.mock, json!({"seq": a[0], "content": "ANSWER-FROM-A"})).await;
+    let j = job_until(&app, ACME, &id, |j| {
+        j["attempts"][0]["state"] == "discarded"
+    })
+    .await;
+    assert_eq!(j["attempts"][1]["state"], "succeeded");
+    assert_eq!(j["attempts"][1]["hedge"], true);
+    assert_eq!(j["completed_by"], 2);
+    assert_eq!(j["version"], version, "the loser changed the job");
+    assert_eq!(content_of(&j["result"]), "ANSWER-FROM-B");
+    assert!(
+        !j.to_string().contains("ANSWER-FROM-A"),
+        "the loser's payload leaked into the job"
+    );
+    let (_, list) = app.get_json(ACME, "/v1/jobs").await;
+    assert!(!list.to_string().contains("ANSWER-FROM-A"));
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("idem_attempt_races_total{route=\"bot\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn sigkill_mid_attempt_leaves_it_unknown_and_the_key_still_names_the_job() {
+    let mocks = start_mocks(&holding()).await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let config = dir.join("idem.toml");
+    std::fs::write(
+        &config,
+        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
+    )
+    .unwrap();
+    let proc = Proc::start(&config, &[]).await;
+    let client = client();
+    let r = client
+        .post(format!("{}/v1/jobs", proc.base))
+        .bearer_auth(ACME)
+        .header("idempotency-key", "crash-1")
+        .json(&job_request("in flight at the crash"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    held(&mocks.primary, 1).await;
+    let mut proc = proc;
+    proc.child.kill().await.unwrap(); // SIGKILL
+    let _ = proc.child.wait().await;
+    release(&mocks.primary, None).await;
+
+    let proc = Proc::start(&config, &[]).await;
+    let get = || {
+        let (client, url) = (client.clone(), format!("{}/v1/jobs/{id}", proc.base));
+        async move {
+            client
+                .get(url)
+                .bearer_auth(ACME)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let mut j = get().await;
+    for _ in 0..200 {
+        if j["attempts"][0]["state"] == "unknown" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        j = get().await;
+    }
+    assert_eq!(j["attempts"][0]["state"], "unknown", "{j}");
+    assert_eq!(j["state"], "running");
+    // Several reconcile passes later, nothing was re-run.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let j = get().await;
+    assert_eq!(j["attempts"].as_array().unwrap().len(), 1, "{j}");
+    assert_eq!(mocks.primary.stats().calls, 1);
+    let r = client
+        .post(format!("{}/v1/jobs", proc.base))
+        .bearer_auth(ACME)
+        .header("idempotency-key", "crash-1")
+        .json(&job_request("in flight at the crash"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["id"], id.as_str());
+    drop(proc);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn two_tenants_with_one_key_get_two_jobs_and_cannot_see_each_other() {
+    let app = TestApp::spawn().await;
+    let a: Value = create(&app, ACME, "shared-key", &job_request("mine"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let b: Value = create(&app, BETA, "shared-key", &job_request("mine"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(a["id"], b["id"]);
+    let (status, _) = app
+        .get_json(BETA, &format!("/v1/jobs/{}", a["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = app
+        .get_json(ACME, &format!("/v1/jobs/{}", b["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, 404);
+    let r = app
+        .post_json(
+            BETA,
+            &format!("/v1/jobs/{}/cancel", a["id"].as_str().unwrap()),
+            &json!({}),
+            &[],
+        )
+        .await;
+    assert_error(r, 404, "not_found").await;
+    let (_, list) = app.get_json(BETA, "/v1/jobs").await;
+    let ids: Vec<&Value> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| &j["id"])
+        .collect();
+    assert_eq!(ids, vec![&b["id"]]);
+    // Garbage and traversal ids are plain 404s.
+    for bad in [
+        "..%2F..%2Fetc%2Fpasswd",
+        "1%27%20OR%20%271%27%3D%271",
+        "not-a-uuid",
+    ] {
+        let (status, v) = app.get_json(ACME, &format!("/v1/jobs/{bad}")).await;
+        assert_eq!(status, 404, "{bad}: {v}");
+    }
+}
+
+#[tokio::test]
+async fn chat_with_an_idempotency_key_replays_without_a_call() {
+    let app = TestApp::spawn().await;
+    let body = chat_body("pay invoice 7");
+    let r = app
+        .chat_with(ACME, &body, &[("idempotency-key", "inv-7")])
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["idem-outcome"], "leader");
+    let job_id = r.headers()["idem-job-id"].to_str().unwrap().to_string();
+    assert_eq!(r.headers()["idem-attempt"], "1");
+    let first: Value = r.json().await.unwrap();
+    let r = app
+        .chat_with(ACME, &body, &[("idempotency-key", "inv-7")])
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert_eq!(r.headers()["idem-outcome"], "replay");
+    assert_eq!(r.headers()["idem-job-id"], job_id.as_str());
+    let again: Value = r.json().await.unwrap();
+    assert_eq!(first, again);
+    // The replay in streamed form.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = app
+        .chat_with(ACME, &streamed, &[("idempotency-key", "inv-7")])
+        .await;
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert_eq!(sse_content(&r.text().await.unwrap()), content_of(&first));
+    assert_eq!(app.calls(), 1);
+    // Another payload under the same key is refused.
+    let r = app
+        .chat_with(
+            ACME,
+            &chat_body("pay invoice 8"),
+            &[("idempotency-key", "inv-7")],
+        )
+        .await;
+    assert_error(r, 409, "idempotency_key_reused").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_job_answers_504_and_a_retry_waits_on_the_same_job() {
+    let app = TestApp::with(Spec {
+        server: "request_timeout = \"500ms\"\n".into(),
+        ..holding()
+    })
+    .await;
+    let body = chat_body("slow job");
+    let r = app
+        .chat_with(ACME, &body, &[("idempotency-key", "slow-7")])
+        .await;
+    let job_id = r.headers()["idem-job-id"].to_str().unwrap().to_string();
+    assert_error(r, 504, "job_in_progress").await;
+    let retry = tokio::spawn({
+        let (client, url, body) = (
+            app.client.clone(),
+            app.url("/v1/chat/completions"),
+            body.clone(),
+        );
+        async move {
+            client
+                .post(url)
+                .bearer_auth(ACME)
+                .header("idempotency-key", "slow-7")
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    held(&app.mock, 1).await;
+    release(&app.mock, None).await;
+    let r = retry.await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["idem-job-id"], job_id.as_str());
+    assert_eq!(r.headers()["idem-outcome"], "follower");
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_keys_with_one_payload_share_one_upstream_call() {
+    let app = TestApp::with(holding()).await;
+    let a: Value = create(&app, ACME, "k-a", &job_request("same work"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let b: Value = create(&app, ACME, "k-b", &job_request("same work"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(a["id"], b["id"]);
+    held(&app.mock, 1).await;
+    app.until_followers(1).await;
+    release(&app.mock, None).await;
+    let ja = job_until(&app, ACME, a["id"].as_str().unwrap(), state_is("succeeded")).await;
+    let jb = job_until(&app, ACME, b["id"].as_str().unwrap(), state_is("succeeded")).await;
+    assert_eq!(ja["result"], jb["result"]);
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test]
+async fn failed_attempts_retry_with_backoff_then_fail_the_job() {
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            fail_status: Some(500),
+            ..Behaviour::default()
+        },
+        cache: "enabled = false\n".into(),
+        attempts: "max = 3\nbackoff_base = \"10ms\"\nbackoff_max = \"50ms\"\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let v: Value = create(&app, ACME, "fail-1", &job_request("doomed"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let j = job_until(&app, ACME, v["id"].as_str().unwrap(), state_is("failed")).await;
+    let states: Vec<&str> = j["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, vec!["failed", "failed", "failed"]);
+    assert_eq!(j["attempts"][0]["reason"], "provider_error");
+    assert!(
+        j["error"]
+            .as_str()
+            .unwrap()
+            .contains("all 3 attempts failed"),
+        "{j}"
+    );
+    assert_eq!(app.calls(), 3);
+}
+
+#[tokio::test]
+async fn a_failed_primary_fails_over_to_the_next_target_as_attempt_2() {
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            fail_status: Some(500),
+            ..Behaviour::default()
+        },
+        fallback: Some(Behaviour::default()),
+        attempts: "backoff_base = \"10ms\"\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let v: Value = create(&app, ACME, "fo-1", &job_request("fail over"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let j = job_until(&app, ACME, v["id"].as_str().unwrap(), state_is("succeeded")).await;
+    assert_eq!(j["completed_by"], 2);
+    assert_eq!(j["attempts"][0]["provider"], "primary");
+    assert_eq!(j["attempts"][0]["state"], "failed");
+    assert_eq!(j["attempts"][1]["provider"], "fallback");
+    assert_eq!(j["attempts"][1]["model"], "llama-3.1-8b");
+}
+
+#[tokio::test]
+async fn cancel_and_list() {
+    let app = TestApp::with(holding()).await;
+    let a: Value = create(&app, ACME, "c-1", &job_request("to cancel"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = a["id"].as_str().unwrap();
+    held(&app.mock, 1).await;
+    let r = app
+        .post_json(ACME, &format!("/v1/jobs/{id}/cancel"), &json!({}), &[])
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["state"], "cancelled");
+    // The attempt in flight finishes later and cannot complete a cancelled job.
+    release(&app.mock, None).await;
+    let j = job_until(&app, ACME, id, |j| j["attempts"][0]["state"] == "discarded").await;
+    assert_eq!(j["state"], "cancelled");
+    assert!(j["result"].is_null());
+    // Listing: newest first, filtered, paginated.
+    app.mock.set_behaviour(Behaviour::default());
+    for i in 0..5 {
+        create(
+            &app,
+            ACME,
+            &format!("l-{i}"),
+            &job_request(&format!("list {i}")),
+        )
+        .await;
+    }
+    let (_, page) = app.get_json(ACME, "/v1/jobs?limit=2").await;
+    assert_eq!(page["data"].as_array().unwrap().len(), 2);
+    assert_eq!(page["has_more"], true);
+    assert_eq!(page["data"][0]["idempotency_key"], "l-4");
+    let next = page["next_cursor"].as_str().unwrap();
+    let (_, page2) = app
+        .get_json(ACME, &format!("/v1/jobs?limit=2&after={next}"))
+        .await;
+    assert_eq!(page2["data"][0]["idempotency_key"], "l-2");
+    let (_, cancelled) = app.get_json(ACME, "/v1/jobs?state=cancelled").await;
+    assert_eq!(cancelled["data"].as_array().unwrap().len(), 1);
+    let (status, _) = app.get_json(ACME, "/v1/jobs?state=bogus").await;
+    assert_eq!(status, 400);
+}
