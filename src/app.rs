@@ -49,8 +49,11 @@ impl App {
             .await
             .with_context(|| format!("cannot open storage {}", redact(&config.storage.url)))?;
         let providers = Providers::from_config(&config)?;
-        let routes = Routes::from_config(&config, &providers)?;
         let metrics = Arc::new(Metrics::new(&config));
+        let routes = Routes::from_config(&config, &providers, &metrics)?;
+        if let Err(e) = crate::contracts::registry::refresh(&*store, &routes).await {
+            tracing::warn!(error = %e, "cannot read certifications: no fallback counts as certified yet");
+        }
         let cache = Arc::new(ResultCache::new(config.coalescing.cache_capacity));
         let coalescer = Coalescer::new(cache, metrics.clone());
         let keyring = Keyring::from_config(&config);
@@ -108,6 +111,7 @@ impl App {
         reconciler::on_startup(&state).await;
         executor::spawn(&state, &stop, &tracker);
         tracker.spawn(reconciler::run(state.clone(), stop.clone()));
+        tracker.spawn(crate::contracts::registry::run(state.clone(), stop.clone()));
 
         let addr = listener.local_addr()?;
         tracing::info!(%addr, source = %state.config.source, "idem listening");

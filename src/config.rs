@@ -74,6 +74,10 @@ pub struct Config {
     #[serde(default)]
     pub jobs: JobsConfig,
     #[serde(default)]
+    pub breaker: BreakerConfig,
+    #[serde(default)]
+    pub contracts: ContractsConfig,
+    #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
@@ -226,6 +230,48 @@ impl Default for JobsConfig {
     }
 }
 
+/// The per-target circuit breaker: `[breaker]` for every provider,
+/// `[providers.breaker]` for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failed calls (connect errors, timeouts, lost
+    /// connections, 429, 5xx) that open a target's circuit; 0 turns the
+    /// breaker off.
+    pub failures: u32,
+    /// How long an open circuit stays open before one probe call may try.
+    #[serde(with = "humantime_serde")]
+    pub cooldown: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            cooldown: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Route contracts and their certifications.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContractsConfig {
+    /// How often the gateway re-reads certifications from the store (an
+    /// `idem certify` run by another process, or another replica's admin
+    /// certify, counts after at most this long).
+    #[serde(with = "humantime_serde")]
+    pub refresh_interval: Duration,
+}
+
+impl Default for ContractsConfig {
+    fn default() -> Self {
+        Self {
+            refresh_interval: Duration::from_secs(10),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
@@ -256,6 +302,14 @@ pub struct ProviderConfig {
     /// Most idle keep-alive connections kept per host.
     #[serde(default = "default_pool_idle")]
     pub pool_max_idle: usize,
+    /// The context window (tokens) of this provider's models, when the
+    /// model family's default is wrong or unknown; a target's own
+    /// `context_window` wins.
+    #[serde(default)]
+    pub context_window: Option<u32>,
+    /// This provider's circuit breaker, instead of `[breaker]`.
+    #[serde(default)]
+    pub breaker: Option<BreakerConfig>,
 }
 
 fn default_provider_timeout() -> Duration {
@@ -275,6 +329,10 @@ pub struct TargetConfig {
     /// pin one; part of the fingerprint so a version change is a new task.
     #[serde(default)]
     pub version: Option<String>,
+    /// The model's context window in tokens, checked by certification;
+    /// default: the provider's `context_window`, else the model family's.
+    #[serde(default)]
+    pub context_window: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -561,6 +619,10 @@ impl Config {
         if self.jobs.reconcile_interval.is_zero() || self.jobs.poll_interval.is_zero() {
             return Err(self.invalid("jobs.reconcile_interval", "intervals must be above zero"));
         }
+        check_breaker(&self.breaker).map_err(|(k, m)| self.invalid(format!("breaker.{k}"), m))?;
+        if self.contracts.refresh_interval < Duration::from_millis(10) {
+            return Err(self.invalid("contracts.refresh_interval", "must be at least 10ms"));
+        }
         let mut seen_keys = HashSet::new();
         for (i, key) in self.admin.api_keys.iter().enumerate() {
             check_key(key).map_err(|m| self.invalid(format!("admin.api_keys[{i}]"), m))?;
@@ -611,6 +673,16 @@ impl Config {
             if provider.timeout.is_zero() {
                 return Err(self.invalid(format!("providers[{p}].timeout"), "must be above zero"));
             }
+            if provider.context_window == Some(0) {
+                return Err(self.invalid(
+                    format!("providers[{p}].context_window"),
+                    "must be above zero",
+                ));
+            }
+            if let Some(b) = &provider.breaker {
+                check_breaker(b)
+                    .map_err(|(k, m)| self.invalid(format!("providers[{p}].breaker.{k}"), m))?;
+            }
         }
 
         let mut route_names = HashSet::new();
@@ -643,6 +715,12 @@ impl Config {
                     return Err(
                         self.invalid(at(&format!("targets[{i}].model")), "must not be empty")
                     );
+                }
+                if target.context_window == Some(0) {
+                    return Err(self.invalid(
+                        at(&format!("targets[{i}].context_window")),
+                        "must be above zero",
+                    ));
                 }
             }
             let c = &route.cache;
@@ -691,6 +769,20 @@ impl Config {
     pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
         self.providers.iter().find(|p| p.name == name)
     }
+
+    /// The breaker settings of a provider: its own, else `[breaker]`.
+    pub fn breaker_for(&self, provider: &str) -> BreakerConfig {
+        self.provider(provider)
+            .and_then(|p| p.breaker)
+            .unwrap_or(self.breaker)
+    }
+}
+
+fn check_breaker(b: &BreakerConfig) -> Result<(), (&'static str, &'static str)> {
+    if b.failures > 0 && b.cooldown.is_zero() {
+        return Err(("cooldown", "must be above zero while failures > 0"));
+    }
+    Ok(())
 }
 
 const NAME_RULE: &str = "names are 1..64 characters of [A-Za-z0-9._-]";

@@ -275,6 +275,11 @@ impl Metrics {
             None,
             "Provider errors held in the negative cache.".into(),
         );
+        self.recorder.describe_gauge(
+            "idem_circuit_state".into(),
+            None,
+            "Circuit breaker per target: 0 closed, 1 half-open, 2 open.".into(),
+        );
     }
 
     /// The Prometheus text exposition.
@@ -386,6 +391,16 @@ impl Metrics {
         if let Some(r) = self.routes.get(route) {
             r.races.increment(1);
         }
+    }
+
+    /// `idem_circuit_state{provider,model}` (0 closed, 1 half-open, 2 open)
+    /// for one target's breaker.
+    pub fn circuit_gauge(&self, provider: &str, model: &str) -> Gauge {
+        let key = Key::from_parts(
+            "idem_circuit_state",
+            labels(&[("provider", provider), ("model", model)]),
+        );
+        self.recorder.register_gauge(&key, &self.meta())
     }
 
     pub fn failover_blocked(&self, route: &str) {

@@ -2,8 +2,10 @@
 //! client that started it.
 //!
 //! It renews the flight's lease while it lives, relays the provider's head
-//! and body into the flight as they arrive, writes the result (or the
-//! negative) cache before the flight ends, and ends the flight. Its
+//! and body into the flight as they arrive (on a route with a contract: only
+//! once the whole answer passed it), records the call's outcome in the
+//! target's circuit breaker, writes the result (or the negative) cache
+//! before the flight ends, and ends the flight. Its
 //! [`LeaderTicket`] is dropped on every path, which removes the flight.
 
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use crate::answer::{Answer, Form};
 use crate::cache::{ResultCache, jittered_ttl};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
+use crate::providers::breaker::Health;
 use crate::routes::Route;
 
 use super::table::{Flight, Head, LeaderTicket};
@@ -69,6 +72,18 @@ pub async fn lead(job: LeaderJob) {
         a = call => a,
         () = heartbeat => return,
     };
+    if let Some(t) = route.targets.get(target) {
+        t.breaker.record(Health::of(&answer));
+    }
+    // On a contract route nothing reaches a follower, the cache or a job
+    // before the answer is checked; `call` buffered a streamed answer, which
+    // is released to the flight as one chunk once it passes.
+    if let Some(contract) = &route.contract {
+        answer = crate::contracts::enforce(contract, &route.name, answer);
+        if answer.is_success() && answer.form == Form::Stream {
+            flight.push(answer.body.clone());
+        }
+    }
 
     let cfg = &route.config;
     if write_cache && !flight.is_superseded() {
@@ -125,7 +140,9 @@ async fn call(
     } else {
         Form::Plain
     };
-    let streaming = form == Form::Stream && reply.status.is_success();
+    // Relay as it arrives, unless the route's contract must see the whole
+    // answer first.
+    let streaming = form == Form::Stream && reply.status.is_success() && route.contract.is_none();
     if streaming {
         // Followers may start relaying now.
         flight.set_head(Head {
