@@ -9,6 +9,7 @@
 )]
 
 mod coalescing;
+mod contracts;
 mod gateway;
 mod helpers;
 mod jobs;
