@@ -15,10 +15,10 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 const GOOD: &str = r#"{"answer": "Order 1234 left the warehouse today.", "category": "delivery"}"#;
-const EXTRA_KEY: &str =
-    r#"{"answer": "Order 1234 left the warehouse today.", "category": "delivery", "confidence": 0.93}"#;
+const EXTRA_KEY: &str = r#"{"answer": "Order 1234 left the warehouse today.", "category": "delivery", "confidence": 0.93}"#;
 const PROSE: &str = "Sure! Your order 1234 left the warehouse today.";
-const WRONG_ENUM: &str = r#"{"answer": "Order 1234 left the warehouse today.", "category": "shipping"}"#;
+const WRONG_ENUM: &str =
+    r#"{"answer": "Order 1234 left the warehouse today.", "category": "shipping"}"#;
 
 /// The example contract of the repository (two cases, three runs each).
 fn example() -> PathBuf {
@@ -148,9 +148,16 @@ async fn misbehaving(bad: &str, path: &str, rule: &str) {
     let run = &report["cases"][0]["runs"][0];
     assert_eq!(run["passed"], false);
     assert_eq!(run["violation"]["path"], path);
-    assert_eq!(fallback_calls(&app), 6, "certification calls the provider directly");
+    assert_eq!(
+        fallback_calls(&app),
+        6,
+        "certification calls the provider directly"
+    );
     let listed = routes(&app).await;
-    assert_eq!(target(&listed, "bot", 1)["certification"]["state"], "failed");
+    assert_eq!(
+        target(&listed, "bot", 1)["certification"]["state"],
+        "failed"
+    );
     assert_eq!(target(&listed, "bot", 1)["failover_allowed"], false);
 
     // Plain requests: a 502 contract_violation, not cached, not shared.
@@ -323,7 +330,11 @@ async fn editing_the_contract_voids_the_old_certificate_until_it_passes_again() 
     let id = create_job(&app, "edit-1", "Where is my order 1234?").await;
     let j = job_until(&app, &id, settled).await;
     assert_eq!(j["state"], "failed", "{j}");
-    assert_eq!(fallback_calls(&app), 0, "the old certificate must not count");
+    assert_eq!(
+        fallback_calls(&app),
+        0,
+        "the old certificate must not count"
+    );
     assert_eq!(metric(&app.metrics().await, BLOCKED), 1.0);
 
     // Certified again for the new hash: failover works at once.
@@ -389,7 +400,11 @@ async fn no_hedge_is_sent_to_an_uncertified_fallback() {
         }
     })
     .await;
-    assert_eq!(fallback_calls(&app), 0, "a hedge reached an uncertified target");
+    assert_eq!(
+        fallback_calls(&app),
+        0,
+        "a hedge reached an uncertified target"
+    );
     release(&app.mock, None).await;
     let j = job_until(&app, &id, settled).await;
     assert_eq!(j["state"], "succeeded", "{j}");
@@ -434,7 +449,11 @@ async fn a_prompt_longer_than_the_context_window_fails_certification_with_its_to
     let tokens = case["prompt_tokens"].as_u64().unwrap();
     assert!(tokens > 64, "{case}");
     assert_eq!(case["fits"], false);
-    assert_eq!(case["runs"], json!([]), "a prompt that cannot fit is not sent");
+    assert_eq!(
+        case["runs"],
+        json!([]),
+        "a prompt that cannot fit is not sent"
+    );
     let error = case["error"].as_str().unwrap();
     assert!(
         error.contains(&format!("the prompt is {tokens} tokens")) && error.contains("64"),
@@ -494,7 +513,10 @@ async fn a_dead_primary_opens_its_circuit_and_work_goes_to_the_certified_fallbac
     assert!(r.headers().contains_key("retry-after"));
     let e = assert_error(r, 503, "no_target_available").await;
     assert!(
-        e["error"]["message"].as_str().unwrap().contains("circuit open"),
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("circuit open"),
         "{e}"
     );
     assert_eq!(app.calls(), 2);
@@ -553,7 +575,10 @@ async fn an_invalid_contract_file_stops_start_up_naming_the_file() {
         Ok(_) => panic!("an invalid contract must stop start-up"),
         Err(e) => format!("{e:#}"),
     };
-    assert!(err.contains("broken.toml") && err.contains("requird"), "{err}");
+    assert!(
+        err.contains("broken.toml") && err.contains("requird"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -618,7 +643,10 @@ async fn idem_certify_and_idem_routes_reach_a_running_gateway_without_restart() 
     .await
     .unwrap();
     assert!(ok, "{out}");
-    assert!(out.contains("certify route bot -> fallback/llama-3.1-8b"), "{out}");
+    assert!(
+        out.contains("certify route bot -> fallback/llama-3.1-8b"),
+        "{out}"
+    );
     assert!(out.contains("tokenizer unknown for llama-3.1-8b"), "{out}");
     assert!(out.contains("run 3/3: ok"), "{out}");
     assert!(out.contains("CERTIFIED"), "{out}");
@@ -637,7 +665,10 @@ async fn idem_certify_and_idem_routes_reach_a_running_gateway_without_restart() 
 
     let (ok, out) = idem(&["routes", "--config", cfg]);
     assert!(ok, "{out}");
-    assert!(out.contains("fallback/llama-3.1-8b") && out.contains("certified at"), "{out}");
+    assert!(
+        out.contains("fallback/llama-3.1-8b") && out.contains("certified at"),
+        "{out}"
+    );
 
     // A failing target: a readable report and a non-zero exit.
     app.fallback
@@ -646,13 +677,23 @@ async fn idem_certify_and_idem_routes_reach_a_running_gateway_without_restart() 
         .set_behaviour(answering(WRONG_ENUM));
     let (ok, out) = tokio::task::spawn_blocking({
         let cfg = cfg.to_string();
-        move || idem(&["certify", "--route", "bot", "--target", "fallback", "--config", &cfg])
+        move || {
+            idem(&[
+                "certify", "--route", "bot", "--target", "fallback", "--config", &cfg,
+            ])
+        }
     })
     .await
     .unwrap();
     assert!(!ok, "{out}");
-    assert!(out.contains("FAIL at /category: \"shipping\" is not one of"), "{out}");
-    assert!(out.contains("certification failed for fallback/llama-3.1-8b"), "{out}");
+    assert!(
+        out.contains("FAIL at /category: \"shipping\" is not one of"),
+        "{out}"
+    );
+    assert!(
+        out.contains("certification failed for fallback/llama-3.1-8b"),
+        "{out}"
+    );
     eventually(Duration::from_secs(10), || {
         !route.targets[1].certificate.valid_for(&hash)
     })
