@@ -978,6 +978,44 @@ targets = [{ provider = "primray", model = "x" }]
     }
 
     #[test]
+    fn breaker_contracts_and_context_window_keys() {
+        let text = r#"
+[breaker]
+failures = 2
+cooldown = "5s"
+[contracts]
+refresh_interval = "1s"
+[[providers]]
+name = "a"
+kind = "mock"
+context_window = 4096
+[providers.breaker]
+failures = 7
+cooldown = "1m"
+[[providers]]
+name = "b"
+kind = "mock"
+[[routes]]
+model = "m"
+targets = [{ provider = "a", model = "x", context_window = 1024 }, { provider = "b", model = "y" }]
+"#;
+        let c = parse(text).unwrap();
+        assert_eq!(c.breaker_for("a").failures, 7);
+        assert_eq!(c.breaker_for("b").cooldown, Duration::from_secs(5));
+        assert_eq!(c.contracts.refresh_interval, Duration::from_secs(1));
+        assert_eq!(c.providers[0].context_window, Some(4096));
+        assert_eq!(c.routes[0].targets[0].context_window, Some(1024));
+        let err = parse("[breaker]\nfailures = 3\ncooldown = \"0s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("breaker.cooldown"), "{err}");
+        let err = parse(&text.replace("context_window = 1024", "context_window = 0"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("routes[0].targets[0].context_window"), "{err}");
+    }
+
+    #[test]
     fn duplicate_keys_across_tenants_are_refused() {
         let text = "[[tenants]]\nname = \"a\"\napi_keys = [\"sk-same-key\"]\n[[tenants]]\nname = \"b\"\napi_keys = [\"sk-same-key\"]\n";
         let err = parse(text).unwrap_err().to_string();
