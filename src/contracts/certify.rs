@@ -36,7 +36,7 @@ pub enum CertifyError {
         target: String,
         known: String,
     },
-    #[error("route `{0}` has no failover targets; name the primary with --target to certify it")]
+    #[error("route `{0}` has no failover targets; name the primary as the target to certify it")]
     NoFallbacks(String),
     #[error("cannot record the certification: {0}")]
     Store(#[from] StoreError),
