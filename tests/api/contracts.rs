@@ -215,7 +215,20 @@ async fn a_wrong_enum_value_fails_certification_and_every_answer() {
 
 #[tokio::test]
 async fn a_failed_primary_fails_over_to_a_certified_fallback_as_attempt_2() {
-    let app = TestApp::with(contracted(&example(), failing(500), answering(GOOD))).await;
+    certified_failover(contracted(&example(), failing(500), answering(GOOD))).await;
+}
+
+#[tokio::test]
+async fn a_failed_primary_fails_over_to_a_certified_fallback_on_postgres() {
+    certified_failover(Spec {
+        postgres: true,
+        ..contracted(&example(), failing(500), answering(GOOD))
+    })
+    .await;
+}
+
+async fn certified_failover(spec: Spec) {
+    let app = TestApp::with(spec).await;
     let v = certify(&app, "bot", "fallback").await;
     assert_eq!(v["passed"], true, "{v}");
     let report = &v["reports"][0];
