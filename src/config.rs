@@ -149,6 +149,14 @@ pub struct CoalescingConfig {
     pub redis_prefix: String,
     /// Most entries the in-process result cache holds.
     pub cache_capacity: u64,
+    /// Timeout of each Redis operation; past it idem coalesces locally.
+    #[serde(with = "humantime_serde")]
+    pub redis_timeout: Duration,
+    /// How often a replica waiting on another replica's flight looks at it
+    /// (completion messages wake it at once; this is the fallback, and how
+    /// an expired lease is noticed).
+    #[serde(with = "humantime_serde")]
+    pub redis_poll: Duration,
 }
 
 impl Default for CoalescingConfig {
@@ -157,6 +165,8 @@ impl Default for CoalescingConfig {
             backend: "memory".into(),
             redis_prefix: "idem".into(),
             cache_capacity: 100_000,
+            redis_timeout: Duration::from_millis(250),
+            redis_poll: Duration::from_millis(500),
         }
     }
 }
@@ -195,7 +205,8 @@ impl Default for LogConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JobsConfig {
-    /// Jobs this replica runs at once.
+    /// Jobs this replica runs at once (0: an API-only replica that runs
+    /// none; its reconciler still runs).
     pub workers: usize,
     /// How often idle workers look for queued jobs (new jobs on this
     /// replica wake them at once).
@@ -549,9 +560,6 @@ impl Config {
             ));
         }
 
-        if self.jobs.workers == 0 {
-            return Err(self.invalid("jobs.workers", "must be at least 1"));
-        }
         if self.jobs.attempt_lease < Duration::from_millis(300) {
             return Err(self.invalid("jobs.attempt_lease", "must be at least 300ms"));
         }

@@ -12,3 +12,4 @@ mod coalescing;
 mod gateway;
 mod helpers;
 mod jobs;
+mod replicas;
