@@ -437,3 +437,112 @@ impl RedisFlights {
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answer::Failure;
+    use crate::config::{Config, Source};
+    use std::str::FromStr;
+
+    fn redis_url() -> String {
+        std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    }
+
+    async fn shared() -> Arc<RedisFlights> {
+        shared_polling(Duration::from_millis(50)).await
+    }
+
+    async fn shared_polling(poll: Duration) -> Arc<RedisFlights> {
+        let config = Config::from_toml_str("", Source::Embedded, false).unwrap();
+        let metrics = Arc::new(Metrics::new(&config));
+        let prefix = format!("idem-unit-{}", uuid::Uuid::now_v7().simple());
+        let url = redis_url();
+        match RedisFlights::connect(&url, &prefix, Duration::from_secs(1), poll, metrics).await {
+            Ok(s) => s,
+            Err(e) => panic!(
+                "Redis not reachable at {url}: {e}. Start it with: redis-server --daemonize yes \
+                 --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no"
+            ),
+        }
+    }
+
+    fn key() -> FlightKey {
+        let hex = blake3::hash(uuid::Uuid::now_v7().as_bytes()).to_hex().to_string();
+        FlightKey {
+            fp: crate::fingerprint::Fingerprint::from_str(&format!("v1:{hex}")).unwrap(),
+            target: 0,
+        }
+    }
+
+    fn answer(text: &str) -> Answer {
+        let mut a = Answer::from_failure(Failure::Timeout, "x", "p".into(), "m".into());
+        a.failure = None;
+        a.status = reqwest::StatusCode::OK;
+        a.body = bytes::Bytes::from(text.to_string());
+        a
+    }
+
+    #[tokio::test]
+    async fn one_leader_then_a_fenced_takeover() {
+        let s = shared().await;
+        let k = key();
+        let lease = Duration::from_millis(300);
+        assert!(matches!(s.begin(&k, "a", lease, true, true).await.unwrap(), Begin::Lead));
+        let Begin::Follow(leader) = s.begin(&k, "b", lease, true, true).await.unwrap() else {
+            panic!("a second leader")
+        };
+        assert_eq!(leader, "a");
+        // A renews while alive; B cannot renew A's lease.
+        assert!(s.renew(&k, "a", lease).await.unwrap());
+        assert!(!s.renew(&k, "b", lease).await.unwrap());
+        // A stops renewing (it died): B notices the expiry and takes over,
+        // and only B (a third waiter keeps waiting on B).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert!(matches!(s.wait_remote(&k, "a".into(), "b", lease, deadline).await.unwrap(), Remote::Lead));
+        let Begin::Follow(now) = s.begin(&k, "c", lease, true, true).await.unwrap() else {
+            panic!("a third leader")
+        };
+        assert_eq!(now, "b");
+        // A's late answer must not be written over B's flight.
+        let late = answer("from A");
+        assert!(!s.complete(&k, "a", &late, Some(Duration::from_secs(5)), None, Duration::from_secs(5)).await.unwrap());
+        let fresh = answer("from B");
+        assert!(s.complete(&k, "b", &fresh, Some(Duration::from_secs(5)), None, Duration::from_secs(5)).await.unwrap());
+        let Begin::Hit(hit, left) = s.begin(&k, "d", lease, true, true).await.unwrap() else {
+            panic!("no shared answer")
+        };
+        assert_eq!(&hit.body[..], b"from B");
+        assert!(left > Duration::ZERO && left <= Duration::from_secs(5));
+        // The waiter that followed B gets B's answer.
+        let Remote::Done(got) = s.wait_remote(&k, "b".into(), "c", lease, deadline).await.unwrap() else {
+            panic!("the waiter did not get the answer")
+        };
+        assert_eq!(&got.body[..], b"from B");
+    }
+
+    #[tokio::test]
+    async fn a_published_completion_wakes_the_waiter_before_its_poll() {
+        let s = shared_polling(Duration::from_secs(30)).await;
+        let k = key();
+        let lease = Duration::from_secs(10);
+        assert!(matches!(s.begin(&k, "a", lease, true, true).await.unwrap(), Begin::Lead));
+        let waiter = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                // A poll interval far longer than the test: only the message can wake it.
+                let started = Instant::now();
+                let r = s.wait_remote(&k, "a".into(), "b", lease, Instant::now() + Duration::from_secs(20)).await;
+                (r, started.elapsed())
+            })
+        };
+        // Let the waiter arm itself, then complete.
+        while s.waiters.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(s.complete(&k, "a", &answer("done"), None, None, Duration::from_secs(5)).await.unwrap());
+        let (r, took) = waiter.await.unwrap();
+        assert!(matches!(r.unwrap(), Remote::Done(_)));
+        assert!(took < Duration::from_secs(5));
+    }
+}

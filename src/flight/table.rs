@@ -132,6 +132,11 @@ impl Flight {
                     form: answer.form,
                 });
             }
+            // An answer that arrived whole (from a cache or another replica)
+            // is relayed to streaming followers as one chunk.
+            if b.chunks.is_empty() && answer.form == Form::Stream && answer.is_success() {
+                b.chunks.push(answer.body.clone());
+            }
             b.done = Some(answer);
             true
         });

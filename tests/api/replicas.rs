@@ -497,3 +497,26 @@ async fn killing_the_replica_running_an_attempt_leaves_it_unknown_and_unrepeated
     let (status, again) = create_job(&c.client, c.base(alive), "transfer-1", &body).await;
     assert_eq!((status, again.as_str()), (200, id.as_str()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_streaming_follower_on_another_replica_gets_a_valid_stream() {
+    let c = Cluster::start(2, holding(), &redis_url()).await;
+    let mut streamed = chat_body("stream it across");
+    streamed["stream"] = json!(true);
+    let leader = c.fire(&[0], &streamed, 1);
+    held(&c.mocks.primary, 1).await;
+    let stream_followers = c.fire(&[1], &streamed, 3);
+    let plain_followers = c.fire(&[1], &chat_body("stream it across"), 3);
+    c.until_waiting(&[1], 5).await;
+    release(&c.mocks.primary, None).await;
+    let expected = "mock answer #1 to: stream it across";
+    for (s, _, b) in collect(leader).await.into_iter().chain(collect(stream_followers).await) {
+        assert_eq!(s, 200);
+        assert_eq!(sse_content(&b), expected);
+    }
+    for (s, o, b) in collect(plain_followers).await {
+        assert_eq!((s, o.as_str()), (200, "follower"));
+        assert_eq!(content_of(&serde_json::from_str(&b).unwrap()), expected);
+    }
+    assert_eq!(c.mocks.primary.stats().calls, 1);
+}
