@@ -242,6 +242,21 @@ impl Default for JobsConfig {
 pub struct TenantConfig {
     pub name: String,
     pub api_keys: Vec<String>,
+    /// A token bucket for this tenant's requests (none: unlimited).
+    #[serde(default)]
+    pub rate_limit: Option<RateLimitConfig>,
+    /// A body limit below `server.max_body_bytes` for this tenant.
+    #[serde(default)]
+    pub max_body_bytes: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    /// Sustained requests per second.
+    pub requests_per_second: f64,
+    /// Requests allowed at once above the sustained rate.
+    pub burst: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -581,6 +596,26 @@ impl Config {
             }
             if !tenant_names.insert(tenant.name.as_str()) {
                 return Err(self.invalid(format!("tenants[{t}].name"), "duplicate tenant name"));
+            }
+            if let Some(rl) = &tenant.rate_limit {
+                if !(rl.requests_per_second.is_finite() && rl.requests_per_second > 0.0) {
+                    return Err(self.invalid(
+                        format!("tenants[{t}].rate_limit.requests_per_second"),
+                        "must be above zero",
+                    ));
+                }
+                if rl.burst == 0 {
+                    return Err(self.invalid(
+                        format!("tenants[{t}].rate_limit.burst"),
+                        "must be at least 1",
+                    ));
+                }
+            }
+            if tenant.max_body_bytes.is_some_and(|n| n < 1024) {
+                return Err(self.invalid(
+                    format!("tenants[{t}].max_body_bytes"),
+                    "must be at least 1024",
+                ));
             }
             if tenant.api_keys.is_empty() {
                 return Err(self.invalid(

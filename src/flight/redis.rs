@@ -468,7 +468,9 @@ mod tests {
     }
 
     fn key() -> FlightKey {
-        let hex = blake3::hash(uuid::Uuid::now_v7().as_bytes()).to_hex().to_string();
+        let hex = blake3::hash(uuid::Uuid::now_v7().as_bytes())
+            .to_hex()
+            .to_string();
         FlightKey {
             fp: crate::fingerprint::Fingerprint::from_str(&format!("v1:{hex}")).unwrap(),
             target: 0,
@@ -488,7 +490,10 @@ mod tests {
         let s = shared().await;
         let k = key();
         let lease = Duration::from_millis(300);
-        assert!(matches!(s.begin(&k, "a", lease, true, true).await.unwrap(), Begin::Lead));
+        assert!(matches!(
+            s.begin(&k, "a", lease, true, true).await.unwrap(),
+            Begin::Lead
+        ));
         let Begin::Follow(leader) = s.begin(&k, "b", lease, true, true).await.unwrap() else {
             panic!("a second leader")
         };
@@ -499,23 +504,54 @@ mod tests {
         // A stops renewing (it died): B notices the expiry and takes over,
         // and only B (a third waiter keeps waiting on B).
         let deadline = Instant::now() + Duration::from_secs(5);
-        assert!(matches!(s.wait_remote(&k, "a".into(), "b", lease, deadline).await.unwrap(), Remote::Lead));
+        assert!(matches!(
+            s.wait_remote(&k, "a".into(), "b", lease, deadline)
+                .await
+                .unwrap(),
+            Remote::Lead
+        ));
         let Begin::Follow(now) = s.begin(&k, "c", lease, true, true).await.unwrap() else {
             panic!("a third leader")
         };
         assert_eq!(now, "b");
         // A's late answer must not be written over B's flight.
         let late = answer("from A");
-        assert!(!s.complete(&k, "a", &late, Some(Duration::from_secs(5)), None, Duration::from_secs(5)).await.unwrap());
+        assert!(
+            !s.complete(
+                &k,
+                "a",
+                &late,
+                Some(Duration::from_secs(5)),
+                None,
+                Duration::from_secs(5)
+            )
+            .await
+            .unwrap()
+        );
         let fresh = answer("from B");
-        assert!(s.complete(&k, "b", &fresh, Some(Duration::from_secs(5)), None, Duration::from_secs(5)).await.unwrap());
+        assert!(
+            s.complete(
+                &k,
+                "b",
+                &fresh,
+                Some(Duration::from_secs(5)),
+                None,
+                Duration::from_secs(5)
+            )
+            .await
+            .unwrap()
+        );
         let Begin::Hit(hit, left) = s.begin(&k, "d", lease, true, true).await.unwrap() else {
             panic!("no shared answer")
         };
         assert_eq!(&hit.body[..], b"from B");
         assert!(left > Duration::ZERO && left <= Duration::from_secs(5));
         // The waiter that followed B gets B's answer.
-        let Remote::Done(got) = s.wait_remote(&k, "b".into(), "c", lease, deadline).await.unwrap() else {
+        let Remote::Done(got) = s
+            .wait_remote(&k, "b".into(), "c", lease, deadline)
+            .await
+            .unwrap()
+        else {
             panic!("the waiter did not get the answer")
         };
         assert_eq!(&got.body[..], b"from B");
@@ -526,13 +562,24 @@ mod tests {
         let s = shared_polling(Duration::from_secs(30)).await;
         let k = key();
         let lease = Duration::from_secs(10);
-        assert!(matches!(s.begin(&k, "a", lease, true, true).await.unwrap(), Begin::Lead));
+        assert!(matches!(
+            s.begin(&k, "a", lease, true, true).await.unwrap(),
+            Begin::Lead
+        ));
         let waiter = {
             let s = s.clone();
             tokio::spawn(async move {
                 // A poll interval far longer than the test: only the message can wake it.
                 let started = Instant::now();
-                let r = s.wait_remote(&k, "a".into(), "b", lease, Instant::now() + Duration::from_secs(20)).await;
+                let r = s
+                    .wait_remote(
+                        &k,
+                        "a".into(),
+                        "b",
+                        lease,
+                        Instant::now() + Duration::from_secs(20),
+                    )
+                    .await;
                 (r, started.elapsed())
             })
         };
@@ -540,7 +587,11 @@ mod tests {
         while s.waiters.is_empty() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        assert!(s.complete(&k, "a", &answer("done"), None, None, Duration::from_secs(5)).await.unwrap());
+        assert!(
+            s.complete(&k, "a", &answer("done"), None, None, Duration::from_secs(5))
+                .await
+                .unwrap()
+        );
         let (r, took) = waiter.await.unwrap();
         assert!(matches!(r.unwrap(), Remote::Done(_)));
         assert!(took < Duration::from_secs(5));

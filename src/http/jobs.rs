@@ -58,7 +58,7 @@ pub async fn create(
         )
     })?;
     let bytes =
-        validate::read_body(body, content_length(&headers), app.limits.max_body_bytes).await?;
+        validate::read_body(body, content_length(&headers), caller.body_limit(&app)).await?;
     let mut outer = validate::parse_object(&bytes, app.limits.max_json_depth)?;
     let request = match outer.remove("request") {
         Some(Value::Object(r)) => r,

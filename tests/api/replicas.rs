@@ -510,7 +510,11 @@ async fn a_streaming_follower_on_another_replica_gets_a_valid_stream() {
     c.until_waiting(&[1], 5).await;
     release(&c.mocks.primary, None).await;
     let expected = "mock answer #1 to: stream it across";
-    for (s, _, b) in collect(leader).await.into_iter().chain(collect(stream_followers).await) {
+    for (s, _, b) in collect(leader)
+        .await
+        .into_iter()
+        .chain(collect(stream_followers).await)
+    {
         assert_eq!(s, 200);
         assert_eq!(sse_content(&b), expected);
     }
