@@ -278,6 +278,13 @@ pub async fn resolve(
     let res: Resolution = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(format!("invalid resolution: {e}"), "invalid_json", None)
     })?;
+    if !matches!(res.outcome.as_str(), "failed" | "cancelled" | "succeeded") {
+        return Err(ApiError::bad_request(
+            "`outcome` must be failed, cancelled or succeeded",
+            "invalid_value",
+            Some("outcome"),
+        ));
+    }
     let job = app
         .store
         .job(None, &id)

@@ -11,5 +11,6 @@
 mod coalescing;
 mod gateway;
 mod helpers;
+mod hostile;
 mod jobs;
 mod replicas;
