@@ -153,6 +153,14 @@ pub struct CoalescingConfig {
     pub redis_prefix: String,
     /// Most entries the in-process result cache holds.
     pub cache_capacity: u64,
+    /// Timeout of each Redis operation; past it idem coalesces locally.
+    #[serde(with = "humantime_serde")]
+    pub redis_timeout: Duration,
+    /// How often a replica waiting on another replica's flight looks at it
+    /// (completion messages wake it at once; this is the fallback, and how
+    /// an expired lease is noticed).
+    #[serde(with = "humantime_serde")]
+    pub redis_poll: Duration,
 }
 
 impl Default for CoalescingConfig {
@@ -161,6 +169,8 @@ impl Default for CoalescingConfig {
             backend: "memory".into(),
             redis_prefix: "idem".into(),
             cache_capacity: 100_000,
+            redis_timeout: Duration::from_millis(250),
+            redis_poll: Duration::from_millis(500),
         }
     }
 }
@@ -199,7 +209,8 @@ impl Default for LogConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JobsConfig {
-    /// Jobs this replica runs at once.
+    /// Jobs this replica runs at once (0: an API-only replica that runs
+    /// none; its reconciler still runs).
     pub workers: usize,
     /// How often idle workers look for queued jobs (new jobs on this
     /// replica wake them at once).
@@ -277,6 +288,21 @@ impl Default for ContractsConfig {
 pub struct TenantConfig {
     pub name: String,
     pub api_keys: Vec<String>,
+    /// A token bucket for this tenant's requests (none: unlimited).
+    #[serde(default)]
+    pub rate_limit: Option<RateLimitConfig>,
+    /// A body limit below `server.max_body_bytes` for this tenant.
+    #[serde(default)]
+    pub max_body_bytes: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    /// Sustained requests per second.
+    pub requests_per_second: f64,
+    /// Requests allowed at once above the sustained rate.
+    pub burst: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -607,9 +633,6 @@ impl Config {
             ));
         }
 
-        if self.jobs.workers == 0 {
-            return Err(self.invalid("jobs.workers", "must be at least 1"));
-        }
         if self.jobs.attempt_lease < Duration::from_millis(300) {
             return Err(self.invalid("jobs.attempt_lease", "must be at least 300ms"));
         }
@@ -635,6 +658,26 @@ impl Config {
             }
             if !tenant_names.insert(tenant.name.as_str()) {
                 return Err(self.invalid(format!("tenants[{t}].name"), "duplicate tenant name"));
+            }
+            if let Some(rl) = &tenant.rate_limit {
+                if !(rl.requests_per_second.is_finite() && rl.requests_per_second > 0.0) {
+                    return Err(self.invalid(
+                        format!("tenants[{t}].rate_limit.requests_per_second"),
+                        "must be above zero",
+                    ));
+                }
+                if rl.burst == 0 {
+                    return Err(self.invalid(
+                        format!("tenants[{t}].rate_limit.burst"),
+                        "must be at least 1",
+                    ));
+                }
+            }
+            if tenant.max_body_bytes.is_some_and(|n| n < 1024) {
+                return Err(self.invalid(
+                    format!("tenants[{t}].max_body_bytes"),
+                    "must be at least 1024",
+                ));
             }
             if tenant.api_keys.is_empty() {
                 return Err(self.invalid(

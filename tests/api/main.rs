@@ -12,4 +12,6 @@ mod coalescing;
 mod contracts;
 mod gateway;
 mod helpers;
+mod hostile;
 mod jobs;
+mod replicas;
