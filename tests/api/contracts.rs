@@ -716,3 +716,41 @@ async fn idem_certify_and_idem_routes_reach_a_running_gateway_without_restart() 
     app.stop().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn the_admin_endpoints_need_the_admin_key() {
+    let app = TestApp::with(contracted(&example(), answering(GOOD), answering(GOOD))).await;
+    let certify = json!({"route": "bot", "target": "fallback"});
+    let r = app
+        .post_json(ACME, "/v1/admin/certify", &certify, &[])
+        .await;
+    assert_error(r, 403, "admin_key_required").await;
+    let (status, v) = app.get_json(ACME, "/v1/admin/routes").await;
+    assert_eq!(status, 403, "{v}");
+    let r = app
+        .client
+        .get(app.url("/v1/admin/routes"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        fallback_calls(&app),
+        0,
+        "a refused certify called a provider"
+    );
+    // Admin mistakes are request errors, not internal ones.
+    let r = app
+        .post_json(ADMIN, "/v1/admin/certify", &json!({"route": "nope"}), &[])
+        .await;
+    assert_error(r, 404, "model_not_found").await;
+    let r = app
+        .post_json(
+            ADMIN,
+            "/v1/admin/certify",
+            &json!({"route": "bot", "target": "nobody"}),
+            &[],
+        )
+        .await;
+    assert_error(r, 400, "cannot_certify").await;
+}
