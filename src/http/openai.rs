@@ -141,6 +141,7 @@ pub fn fingerprint_of(
         normalize: route.config.normalize,
         scope: route.config.scope,
         ignore_fields: &route.config.ignore_fields,
+        contract: route.contract.as_ref().map(|c| c.hash.as_str()),
     };
     fingerprint::fingerprint(&req.body, user, &rules)
 }

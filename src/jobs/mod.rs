@@ -75,6 +75,7 @@ pub fn payload_hash(
         normalize: crate::config::Normalize::None,
         scope: route.config.scope,
         ignore_fields: &route.config.ignore_fields,
+        contract: route.contract.as_ref().map(|c| c.hash.as_str()),
     };
     let fp = fingerprint::fingerprint(request, None, &rules);
     let mut hasher = blake3::Hasher::new();
