@@ -22,6 +22,7 @@ use crate::http::{AppState, Shared, router};
 use crate::jobs::{Jobs, executor, reconciler};
 use crate::metrics::Metrics;
 use crate::providers::Providers;
+use crate::reqlog::RequestLog;
 use crate::routes::Routes;
 use crate::tenants::Keyring;
 
@@ -66,6 +67,7 @@ impl App {
             max_messages: config.server.max_messages,
         };
         let jobs = Arc::new(Jobs::new(store.clone()));
+        let reqlog = RequestLog::from_config(&config.log)?;
         let state = AppState(Arc::new(Shared {
             config,
             keyring,
@@ -76,6 +78,7 @@ impl App {
             store,
             jobs,
             limits,
+            reqlog,
         }));
         Ok(App { listener, state })
     }

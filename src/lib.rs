@@ -17,9 +17,9 @@
 //! - [`providers`]: the upstream call itself; [`answer`] is what it yields,
 //!   and [`sse`] converts it between streamed and plain form.
 //!
-//! Around them: [`config`], [`metrics`], [`app`] (start-up and shutdown),
-//! [`cli`], the [`demo`], and [`mock_upstream`], the test double for
-//! providers.
+//! Around them: [`config`], [`metrics`], the request log ([`reqlog`]),
+//! [`app`] (start-up and shutdown), [`cli`], the [`demo`], and
+//! [`mock_upstream`], the test double for providers.
 
 pub mod answer;
 pub mod app;
@@ -34,6 +34,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod providers;
+pub mod reqlog;
 pub mod routes;
 pub mod sse;
 pub mod store;
