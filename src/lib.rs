@@ -18,9 +18,11 @@
 //!   and [`sse`] converts it between streamed and plain form.
 //!
 //! Around them: [`config`], [`metrics`], the request log ([`reqlog`]),
-//! [`app`] (start-up and shutdown), [`cli`], the [`demo`], and
+//! [`app`] (start-up and shutdown), [`cli`], the [`demo`], [`analyze`] (what
+//! a request log says about duplicates, TTL and wait window), and
 //! [`mock_upstream`], the test double for providers.
 
+pub mod analyze;
 pub mod answer;
 pub mod app;
 pub mod cache;
