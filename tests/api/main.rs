@@ -13,3 +13,4 @@ mod coalescing;
 mod gateway;
 mod helpers;
 mod jobs;
+mod ops;
