@@ -221,6 +221,100 @@ impl Answer {
     }
 }
 
+/// How an answer travels between replicas (the Redis backend): one line of
+/// JSON metadata, a newline, then the body bytes as they are.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct WireMeta {
+    status: u16,
+    stream: bool,
+    retry_after_ms: Option<u64>,
+    failure: Option<String>,
+    provider: String,
+    model: String,
+    created_ms: u64,
+    upstream_ms: u64,
+    cache_ttl_ms: Option<u64>,
+}
+
+fn ms_u64(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Failure {
+    fn as_str(self) -> &'static str {
+        match self {
+            Failure::Connect => "connect",
+            Failure::Timeout => "timeout",
+            Failure::Broken => "broken",
+            Failure::LeaderLost => "leader_lost",
+            Failure::Contract => "contract",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Failure> {
+        [
+            Failure::Connect,
+            Failure::Timeout,
+            Failure::Broken,
+            Failure::LeaderLost,
+            Failure::Contract,
+        ]
+        .into_iter()
+        .find(|f| f.as_str() == s)
+    }
+}
+
+impl Answer {
+    /// The wire form (see [`Answer::from_wire`]).
+    pub fn to_wire(&self) -> Vec<u8> {
+        let meta = WireMeta {
+            status: self.status.as_u16(),
+            stream: self.form == Form::Stream,
+            retry_after_ms: self.retry_after.map(ms_u64),
+            failure: self.failure.map(|f| f.as_str().to_string()),
+            provider: self.provider.to_string(),
+            model: self.model.to_string(),
+            created_ms: ms_u64(
+                self.created_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default(),
+            ),
+            upstream_ms: ms_u64(self.upstream_latency),
+            cache_ttl_ms: self.cache_ttl.map(ms_u64),
+        };
+        let mut out = serde_json::to_vec(&meta).unwrap_or_default();
+        out.push(b'\n');
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// Reads the wire form; `None` if it is not one.
+    pub fn from_wire(bytes: &[u8]) -> Option<Answer> {
+        let nl = bytes.iter().position(|b| *b == b'\n')?;
+        let meta: WireMeta = serde_json::from_slice(&bytes[..nl]).ok()?;
+        let failure = match &meta.failure {
+            Some(f) => Some(Failure::parse(f)?),
+            None => None,
+        };
+        Some(Answer {
+            status: StatusCode::from_u16(meta.status).ok()?,
+            form: if meta.stream {
+                Form::Stream
+            } else {
+                Form::Plain
+            },
+            body: Bytes::copy_from_slice(&bytes[nl + 1..]),
+            retry_after: meta.retry_after_ms.map(Duration::from_millis),
+            failure,
+            provider: meta.provider.into(),
+            model: meta.model.into(),
+            created_at: std::time::UNIX_EPOCH + Duration::from_millis(meta.created_ms),
+            upstream_latency: Duration::from_millis(meta.upstream_ms),
+            cache_ttl: meta.cache_ttl_ms.map(Duration::from_millis),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +368,24 @@ mod tests {
             answer(502, Some(Failure::LeaderLost), None).negative_ttl(&p),
             None
         );
+    }
+
+    #[test]
+    fn the_wire_form_round_trips() {
+        let mut a = answer(429, None, Some(5));
+        a.body = Bytes::from_static(b"{\"x\":\"line\\nbreak\"}\n\x00\xff");
+        a.cache_ttl = Some(Duration::from_millis(1234));
+        let b = Answer::from_wire(&a.to_wire()).unwrap();
+        assert_eq!(
+            (b.status, b.form, &b.body, b.retry_after, b.cache_ttl),
+            (a.status, a.form, &a.body, a.retry_after, a.cache_ttl)
+        );
+        let f = Answer::from_failure(Failure::Timeout, "t", "p".into(), "m".into());
+        assert_eq!(
+            Answer::from_wire(&f.to_wire()).unwrap().failure,
+            Some(Failure::Timeout)
+        );
+        assert!(Answer::from_wire(b"garbage").is_none());
     }
 
     #[test]

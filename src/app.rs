@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -17,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::cache::ResultCache;
 use crate::config::Config;
 use crate::flight::Coalescer;
+use crate::flight::redis::RedisFlights;
 use crate::http::validate::Limits;
 use crate::http::{AppState, Shared, router};
 use crate::jobs::{Jobs, executor, reconciler};
@@ -50,10 +52,16 @@ impl App {
             .await
             .with_context(|| format!("cannot open storage {}", redact(&config.storage.url)))?;
         let providers = Providers::from_config(&config)?;
-        let routes = Routes::from_config(&config, &providers)?;
         let metrics = Arc::new(Metrics::new(&config));
+        let routes = Routes::from_config(&config, &providers, &metrics)?;
+        if let Err(e) = crate::contracts::registry::refresh(&*store, &routes).await {
+            tracing::warn!(error = %e, "cannot read certifications: no fallback counts as certified yet");
+        }
         let cache = Arc::new(ResultCache::new(config.coalescing.cache_capacity));
         let coalescer = Coalescer::new(cache, metrics.clone());
+        if config.coalescing.backend != "memory" {
+            connect_shared(&config, &coalescer, &metrics).await;
+        }
         let keyring = Keyring::from_config(&config);
         if keyring.is_open() {
             tracing::warn!(
@@ -111,6 +119,7 @@ impl App {
         reconciler::on_startup(&state).await;
         executor::spawn(&state, &stop, &tracker);
         tracker.spawn(reconciler::run(state.clone(), stop.clone()));
+        tracker.spawn(crate::contracts::registry::run(state.clone(), stop.clone()));
 
         let addr = listener.local_addr()?;
         tracing::info!(%addr, source = %state.config.source, "idem listening");
@@ -153,6 +162,50 @@ impl App {
             ),
         }
         Ok(())
+    }
+}
+
+/// Connects the Redis layer. If Redis is down at start-up the gateway
+/// starts anyway (coalescing locally) and keeps trying in the background.
+async fn connect_shared(config: &Config, coalescer: &Coalescer, metrics: &Arc<Metrics>) {
+    let c = &config.coalescing;
+    let connect = {
+        let (url, prefix, timeout, poll, metrics) = (
+            c.backend.clone(),
+            c.redis_prefix.clone(),
+            c.redis_timeout,
+            c.redis_poll,
+            metrics.clone(),
+        );
+        move || {
+            let (url, prefix, metrics) = (url.clone(), prefix.clone(), metrics.clone());
+            async move { RedisFlights::connect(&url, &prefix, timeout, poll, metrics).await }
+        }
+    };
+    match connect().await {
+        Ok(shared) => {
+            let _ = coalescer.shared.set(shared);
+            tracing::info!(backend = %redact(&c.backend), "coalescing across replicas through redis");
+        }
+        Err(e) => {
+            metrics.redis_errors.increment(1);
+            tracing::warn!(error = %e, "redis unavailable at start-up: coalescing locally until it answers");
+            let slot = coalescer.shared.clone();
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    match connect().await {
+                        Ok(shared) => {
+                            let _ = slot.set(shared);
+                            tracing::info!("redis answers again: coalescing across replicas");
+                            return;
+                        }
+                        Err(_) => metrics.redis_errors.increment(1),
+                    }
+                }
+            });
+        }
     }
 }
 

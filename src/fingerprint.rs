@@ -568,6 +568,7 @@ mod tests {
             provider: "primary".into(),
             model: "gpt-4o-mini".into(),
             version: None,
+            context_window: None,
         }]
     }
 
@@ -648,6 +649,7 @@ mod tests {
             provider: "fallback".into(),
             model: "llama".into(),
             version: None,
+            context_window: None,
         });
         let all = [&base, &other_model, &versioned, &two]
             .map(|t| fingerprint(&body, None, &rules(t, &[])));

@@ -126,6 +126,7 @@ pub struct Metrics {
     pub jobs_unknown: Gauge,
     pub redis_errors: Counter,
     pub negative_cache_entries: Gauge,
+    rate_limited: Counter,
 }
 
 fn labels(pairs: &[(&'static str, &str)]) -> Vec<Label> {
@@ -198,6 +199,8 @@ impl Metrics {
         let redis_errors =
             recorder.register_counter(&Key::from_name("idem_redis_errors_total"), &meta);
         redis_errors.increment(0);
+        let rate_limited =
+            recorder.register_counter(&Key::from_name("idem_rate_limited_total"), &meta);
         let m = Metrics {
             recorder,
             handle,
@@ -209,6 +212,7 @@ impl Metrics {
             jobs_unknown,
             redis_errors,
             negative_cache_entries,
+            rate_limited,
         };
         m.describe();
         m
@@ -274,6 +278,11 @@ impl Metrics {
             "idem_negative_cache_entries".into(),
             None,
             "Provider errors held in the negative cache.".into(),
+        );
+        self.recorder.describe_gauge(
+            "idem_circuit_state".into(),
+            None,
+            "Circuit breaker per target: 0 closed, 1 half-open, 2 open.".into(),
         );
     }
 
@@ -386,6 +395,21 @@ impl Metrics {
         if let Some(r) = self.routes.get(route) {
             r.races.increment(1);
         }
+    }
+
+    /// `idem_circuit_state{provider,model}` (0 closed, 1 half-open, 2 open)
+    /// for one target's breaker.
+    pub fn circuit_gauge(&self, provider: &str, model: &str) -> Gauge {
+        let key = Key::from_parts(
+            "idem_circuit_state",
+            labels(&[("provider", provider), ("model", model)]),
+        );
+        self.recorder.register_gauge(&key, &self.meta())
+    }
+
+    /// A tenant's request was refused by its token bucket.
+    pub fn rate_limited(&self) {
+        self.rate_limited.increment(1);
     }
 
     pub fn failover_blocked(&self, route: &str) {

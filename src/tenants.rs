@@ -5,8 +5,13 @@
 //! compared against every stored digest in constant time, without an early
 //! exit, so timing tells an attacker nothing about which bytes matched.
 
+use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
 
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -41,6 +46,31 @@ struct Entry {
 pub struct Keyring {
     entries: Vec<Entry>,
     anonymous: Option<Principal>,
+    limits: HashMap<String, TenantLimits>,
+}
+
+/// A tenant's own limits.
+pub struct TenantLimits {
+    bucket: Option<DefaultDirectRateLimiter>,
+    pub max_body_bytes: Option<usize>,
+}
+
+impl TenantLimits {
+    /// Takes one token; `Err(wait)` when the bucket is empty.
+    pub fn admit(&self) -> Result<(), Duration> {
+        match &self.bucket {
+            None => Ok(()),
+            Some(b) => b
+                .check()
+                .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now())),
+        }
+    }
+}
+
+fn bucket(rps: f64, burst: u32) -> Option<DefaultDirectRateLimiter> {
+    let period = Duration::from_secs_f64(1.0 / rps);
+    let quota = Quota::with_period(period)?.allow_burst(NonZeroU32::new(burst)?);
+    Some(RateLimiter::direct(quota))
 }
 
 impl Keyring {
@@ -69,7 +99,29 @@ impl Keyring {
             .tenants
             .is_empty()
             .then(|| Principal::Tenant(Arc::from(ANONYMOUS_TENANT)));
-        Keyring { entries, anonymous }
+        let limits = config
+            .tenants
+            .iter()
+            .map(|t| {
+                let limits = TenantLimits {
+                    bucket: t
+                        .rate_limit
+                        .and_then(|r| bucket(r.requests_per_second, r.burst)),
+                    max_body_bytes: t.max_body_bytes,
+                };
+                (t.name.clone(), limits)
+            })
+            .collect();
+        Keyring {
+            entries,
+            anonymous,
+            limits,
+        }
+    }
+
+    /// A tenant's limits (none configured: `None`).
+    pub fn limits(&self, tenant: &str) -> Option<&TenantLimits> {
+        self.limits.get(tenant)
     }
 
     /// True when every request is accepted as the anonymous tenant.
@@ -157,6 +209,22 @@ mod tests {
         assert_eq!(k.authenticate(Some(b"Basic c2stYWNtZS0x")), None);
         assert_eq!(k.authenticate(None), None);
         assert!(!k.is_open());
+    }
+
+    #[test]
+    fn a_token_bucket_admits_its_burst_then_says_how_long_to_wait() {
+        let k = keyring(
+            "[[tenants]]\nname = \"acme\"\napi_keys = [\"sk-acme-1\"]\nrate_limit = { requests_per_second = 1, burst = 3 }\n",
+        );
+        let l = k.limits("acme").unwrap();
+        for _ in 0..3 {
+            assert!(l.admit().is_ok());
+        }
+        let wait = l.admit().unwrap_err();
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_secs(1),
+            "{wait:?}"
+        );
     }
 
     #[test]

@@ -9,12 +9,14 @@
 //! fingerprint follows: it waits, bounded by `coalesce.max_wait`, for the
 //! leader's first byte, then reads the same answer. A failure that the
 //! provider certainly caused moves everybody on to the next target, where
-//! they coalesce again.
+//! they coalesce again, if [`failover::admit`] lets the work go there
+//! (certified for the route's contract, circuit not open).
 
 pub mod leader;
+pub mod redis;
 pub mod table;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -23,12 +25,15 @@ use serde_json::{Map, Value};
 use crate::answer::{Answer, Verdict};
 use crate::cache::{Lookup, ResultCache};
 use crate::config::OnWaitTimeout;
+use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
 use crate::http::error::ApiError;
 use crate::metrics::{Metrics, Outcome};
 use crate::routes::{Route, Target};
 
-pub use table::{Flight, FlightKey, FlightTable, Head, Joined, LeaderTicket};
+pub use table::{Flight, FlightKey, FlightTable, Head, Joined, LeaderTicket, Origin};
+
+use self::redis::RedisFlights;
 
 /// Where a request's answer comes from.
 #[derive(Debug, Clone)]
@@ -114,6 +119,9 @@ pub struct Coalescer {
     pub table: Arc<FlightTable>,
     pub cache: Arc<ResultCache>,
     pub metrics: Arc<Metrics>,
+    /// The Redis layer shared by replicas, once connected (never, with the
+    /// memory backend).
+    pub shared: Arc<OnceLock<Arc<RedisFlights>>>,
 }
 
 impl Coalescer {
@@ -123,6 +131,7 @@ impl Coalescer {
             table: FlightTable::new(move |n| gauge.set(n as f64)),
             cache,
             metrics,
+            shared: Arc::new(OnceLock::new()),
         }
     }
 
@@ -142,14 +151,27 @@ impl Coalescer {
             None => ask.route.targets.iter().collect(),
         };
         let mut last: Option<Delivery> = None;
+        let mut skipped = Vec::new();
         for (pos, target) in targets.iter().enumerate() {
-            let d = self.via_target(ask, target).await?;
+            // Failover goes only to certified, healthy targets (a job's
+            // attempt names its target, already chosen by the same rule).
+            if ask.only_target.is_none()
+                && let Err(skip) = failover::admit(&self.metrics, ask.route, target)
+            {
+                skipped.push(skip);
+                continue;
+            }
+            let mut d = self.via_target(ask, target).await?;
             let answer = match &d.source {
                 Source::Done(a) => a.clone(),
-                Source::Live(f) => match f.head(None).await {
-                    Some(h) if h.status.is_success() => return Ok(d),
-                    _ => d.answer().await,
-                },
+                Source::Live(f) => {
+                    let head = f.head(None).await;
+                    d.outcome = reported(d.outcome, f);
+                    match head {
+                        Some(h) if h.status.is_success() => return Ok(d),
+                        _ => d.answer().await,
+                    }
+                }
             };
             if answer.is_success() {
                 return Ok(Delivery {
@@ -182,7 +204,10 @@ impl Coalescer {
                 ..d
             });
         }
-        last.ok_or(ApiError::Unavailable("no target"))
+        match last {
+            Some(d) => Ok(d),
+            None => Err(failover::NoTarget(skipped).into_api_error()),
+        }
     }
 
     /// One target: its negative cache, then its flight.
@@ -294,11 +319,27 @@ impl Coalescer {
             body: ask.route.body_for(target, ask.body),
             fp: ask.fp,
             read_cache: ask.read_cache,
+            read_negative: ask.read_negative,
             write_cache: ask.write_cache,
             cache: self.cache.clone(),
+            shared: self.shared.clone(),
             metrics: self.metrics.clone(),
         };
         tokio::spawn(leader::lead(job));
+    }
+}
+
+/// The outcome of a request that started a local flight, once the flight
+/// knows where its answer came from (the shared cache, another replica).
+fn reported(outcome: Outcome, flight: &Flight) -> Outcome {
+    if outcome != Outcome::Leader {
+        return outcome;
+    }
+    match flight.origin() {
+        Origin::Upstream => Outcome::Leader,
+        Origin::Cache => Outcome::CacheHit,
+        Origin::Negative => Outcome::NegativeHit,
+        Origin::Remote => Outcome::Follower,
     }
 }
 

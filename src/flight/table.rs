@@ -11,7 +11,7 @@
 //! leader did not and removes it from the table. That is the only clean-up
 //! path: no return statement has to remember it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,21 @@ pub struct Flight {
     lease_until_ms: AtomicU64,
     superseded: AtomicBool,
     followers: AtomicU64,
+    origin: AtomicU8,
+}
+
+/// Where a flight's answer came from, for the `Idem-Outcome` of the
+/// request that started it locally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// This replica called the provider.
+    Upstream = 0,
+    /// The shared (or a just-written local) result cache.
+    Cache = 1,
+    /// The shared negative cache.
+    Negative = 2,
+    /// Another replica's flight.
+    Remote = 3,
 }
 
 impl std::fmt::Debug for Flight {
@@ -78,6 +93,7 @@ impl Flight {
             lease_until_ms: AtomicU64::new(0),
             superseded: AtomicBool::new(false),
             followers: AtomicU64::new(0),
+            origin: AtomicU8::new(Origin::Upstream as u8),
         };
         f.renew(lease);
         f
@@ -115,6 +131,11 @@ impl Flight {
                     status: answer.status,
                     form: answer.form,
                 });
+            }
+            // An answer that arrived whole (from a cache or another replica)
+            // is relayed to streaming followers as one chunk.
+            if b.chunks.is_empty() && answer.form == Form::Stream && answer.is_success() {
+                b.chunks.push(answer.body.clone());
             }
             b.done = Some(answer);
             true
@@ -200,6 +221,19 @@ impl Flight {
     pub fn lease_expired(&self) -> bool {
         let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         now >= self.lease_until_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn set_origin(&self, origin: Origin) {
+        self.origin.store(origin as u8, Ordering::Release);
+    }
+
+    pub fn origin(&self) -> Origin {
+        match self.origin.load(Ordering::Acquire) {
+            1 => Origin::Cache,
+            2 => Origin::Negative,
+            3 => Origin::Remote,
+            _ => Origin::Upstream,
+        }
     }
 
     /// True once another leader took this flight over; its late answer must

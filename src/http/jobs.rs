@@ -59,7 +59,7 @@ pub async fn create(
         )
     })?;
     let bytes =
-        validate::read_body(body, content_length(&headers), app.limits.max_body_bytes).await?;
+        validate::read_body(body, content_length(&headers), caller.body_limit(&app)).await?;
     let mut outer = validate::parse_object(&bytes, app.limits.max_json_depth)?;
     let request = match outer.remove("request") {
         Some(Value::Object(r)) => r,
@@ -275,6 +275,13 @@ pub async fn resolve(
     let res: Resolution = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(format!("invalid resolution: {e}"), "invalid_json", None)
     })?;
+    if !matches!(res.outcome.as_str(), "failed" | "cancelled" | "succeeded") {
+        return Err(ApiError::bad_request(
+            "`outcome` must be failed, cancelled or succeeded",
+            "invalid_value",
+            Some("outcome"),
+        ));
+    }
     let job = app
         .store
         .job(None, &id)

@@ -1,8 +1,10 @@
 //! The HTTP surface: the router, the shared state handlers see, and the
 //! caller's identity. Handlers live in one file per area: `openai` (chat
 //! completions, models), `jobs` (the jobs API), `ops` (health, metrics,
-//! stats); `error` renders every failure, `validate` checks bodies.
+//! stats), `admin` (certification, routes); `error` renders every failure,
+//! `validate` checks bodies.
 
+pub mod admin;
 pub mod error;
 pub mod jobs;
 pub mod openai;
@@ -70,11 +72,21 @@ impl FromRequestParts<AppState> for Caller {
             .headers
             .get(header::AUTHORIZATION)
             .map(|v| v.as_bytes());
-        state
+        let who = state
             .keyring
             .authenticate(auth)
-            .map(Caller)
-            .ok_or(ApiError::Unauthorized)
+            .ok_or(ApiError::Unauthorized)?;
+        // Each tenant's token bucket, before any work is done for it.
+        if let Principal::Tenant(t) = &who
+            && let Some(limits) = state.keyring.limits(t)
+            && let Err(wait) = limits.admit()
+        {
+            state.metrics.rate_limited();
+            return Err(ApiError::RateLimited {
+                retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
+            });
+        }
+        Ok(Caller(who))
     }
 }
 
@@ -84,6 +96,19 @@ impl Caller {
         match &self.0 {
             Principal::Tenant(t) => Ok(t.clone()),
             Principal::Admin => Err(ApiError::TenantOnly),
+        }
+    }
+
+    /// The body limit for this caller: the tenant's own, within the server's.
+    pub fn body_limit(&self, state: &AppState) -> usize {
+        let server = state.limits.max_body_bytes;
+        match &self.0 {
+            Principal::Tenant(t) => state
+                .keyring
+                .limits(t)
+                .and_then(|l| l.max_body_bytes)
+                .map_or(server, |n| n.min(server)),
+            Principal::Admin => server,
         }
     }
 
@@ -107,6 +132,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}/attempts/{n}/resolve", post(jobs::resolve))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/stats", get(ops::stats))
+        .route("/v1/admin/certify", post(admin::certify))
+        .route("/v1/admin/routes", get(admin::routes))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -47,7 +47,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let tenant = caller.tenant()?;
-    let req = read_chat_request(&app, &headers, body).await?;
+    let req = read_chat_request(&app, &headers, body, caller.body_limit(&app)).await?;
     let route = app
         .routes
         .get(&req.model)
@@ -113,9 +113,9 @@ pub async fn read_chat_request(
     app: &AppState,
     headers: &HeaderMap,
     body: Body,
+    limit: usize,
 ) -> Result<ChatRequest, ApiError> {
-    let bytes =
-        validate::read_body(body, content_length(headers), app.limits.max_body_bytes).await?;
+    let bytes = validate::read_body(body, content_length(headers), limit).await?;
     let object = validate::parse_object(&bytes, app.limits.max_json_depth)?;
     validate::chat_request(object, &app.limits)
 }

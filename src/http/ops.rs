@@ -89,6 +89,10 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
                 "jobs": job_counts(&app, None).await,
                 "unknown_attempts": unknown,
                 "inflight_flights": app.coalescer.table.inflight(),
+                "waiting_followers": app.coalescer.table.followers(),
+                "replica": app.jobs.worker_id,
+                "backend": if app.config.coalescing.backend == "memory" { "memory" } else { "redis" },
+                "redis_connected": app.coalescer.shared.get().map(|s| s.healthy()),
             })))
         }
     }

@@ -34,8 +34,11 @@ impl PgStore {
     /// Connects a pool to a `postgres://` url and runs the embedded
     /// migrations (in the connection's `search_path` schema).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        // A short acquire timeout: when PostgreSQL is down, job endpoints
+        // answer 503 within seconds instead of hanging.
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
+            .acquire_timeout(std::time::Duration::from_secs(5))
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;

@@ -451,3 +451,51 @@ async fn config_errors_name_the_file_and_the_key() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("server.listen"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_tenant_over_its_rate_limit_gets_429_with_retry_after_and_others_do_not() {
+    let app = TestApp::with(Spec {
+        acme: "rate_limit = { requests_per_second = 0.5, burst = 3 }\nmax_body_bytes = 2048\n"
+            .into(),
+        ..Spec::default()
+    })
+    .await;
+    for i in 0..3 {
+        assert_eq!(
+            app.chat(ACME, &chat_body(&format!("q{i}"))).await.status(),
+            200
+        );
+    }
+    let r = app.chat(ACME, &chat_body("one too many")).await;
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&retry), "Retry-After {retry}");
+    assert_error(r, 429, "rate_limit_exceeded").await;
+    // Another tenant has its own budget.
+    assert_eq!(
+        app.chat(BETA, &chat_body("beta is fine")).await.status(),
+        200
+    );
+    assert_eq!(app.calls(), 4);
+    assert!(app.metrics().await.contains("idem_rate_limited_total 1"));
+    // acme's own body limit is below the server's.
+    let big = chat_body(&"x".repeat(3000));
+    let r = app.chat(BETA, &big).await;
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn a_tenant_body_limit_below_the_servers_is_enforced() {
+    let app = TestApp::with(Spec {
+        acme: "max_body_bytes = 2048\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let big = chat_body(&"x".repeat(3000));
+    assert_error(app.chat(ACME, &big).await, 413, "request_too_large").await;
+    assert_eq!(app.chat(BETA, &big).await.status(), 200);
+    assert_eq!(app.calls(), 1);
+}

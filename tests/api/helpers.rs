@@ -79,6 +79,8 @@ pub struct Spec {
     pub postgres: bool,
     /// An explicit storage URL (shared by several gateways).
     pub storage_url: Option<String>,
+    /// Extra keys of tenant `acme` (`rate_limit = {...}`).
+    pub acme: String,
 }
 
 impl Default for Spec {
@@ -96,6 +98,7 @@ impl Default for Spec {
             extra: String::new(),
             postgres: false,
             storage_url: None,
+            acme: String::new(),
         }
     }
 }
@@ -126,6 +129,7 @@ api_keys = ["{ADMIN}"]
 [[tenants]]
 name = "acme"
 api_keys = ["{ACME}"]
+{acme}
 [[tenants]]
 name = "beta"
 api_keys = ["{BETA}"]
@@ -137,6 +141,7 @@ timeout = "{timeout}"
 "#,
         server = spec.server,
         jobs = spec.jobs,
+        acme = spec.acme,
         primary = mocks.primary.base_url(),
         timeout = spec.provider_timeout,
     );
@@ -597,12 +602,20 @@ impl Proc {
         assert!(ok, "kill -{sig} failed");
     }
 
-    /// Everything the process printed so far.
+    /// Everything the process printed so far (lines already read).
     pub fn drain(&mut self) -> Vec<String> {
         let mut out = Vec::new();
         while let Ok(l) = self.lines.try_recv() {
             out.push(l);
         }
         out
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // kill_on_drop covers this too; be explicit, a leaked gateway keeps
+        // polling its database long after the test.
+        let _ = self.child.start_kill();
     }
 }

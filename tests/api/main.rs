@@ -10,7 +10,10 @@
 
 mod analyze;
 mod coalescing;
+mod contracts;
 mod gateway;
 mod helpers;
+mod hostile;
 mod jobs;
 mod ops;
+mod replicas;
