@@ -24,6 +24,7 @@ use crate::http::{AppState, Shared, router};
 use crate::jobs::{Jobs, executor, reconciler};
 use crate::metrics::Metrics;
 use crate::providers::Providers;
+use crate::reqlog::RequestLog;
 use crate::routes::Routes;
 use crate::tenants::Keyring;
 
@@ -74,6 +75,7 @@ impl App {
             max_messages: config.server.max_messages,
         };
         let jobs = Arc::new(Jobs::new(store.clone()));
+        let reqlog = RequestLog::from_config(&config.log)?;
         let state = AppState(Arc::new(Shared {
             config,
             keyring,
@@ -84,6 +86,7 @@ impl App {
             store,
             jobs,
             limits,
+            reqlog,
         }));
         Ok(App { listener, state })
     }

@@ -23,7 +23,9 @@ pub fn init_logging(format: &str) {
     init_logging_with(format, true);
 }
 
-/// `requests`: whether the per-request lines (`idem::request`) are kept.
+/// `requests`: whether the per-request lines (`idem::request`) are kept
+/// (they are only when `[log] requests = "stdout"`; a file gets its own
+/// writer, see [`crate::reqlog`]).
 pub fn init_logging_with(format: &str, requests: bool) {
     let mut filter = EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     if !requests && let Ok(d) = "idem::request=off".parse() {
@@ -48,7 +50,7 @@ pub fn init_logging_with(format: &str, requests: bool) {
 /// `idem serve`.
 pub async fn serve(config: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(config)?;
-    init_logging_with(&config.log.format, config.log.requests != "off");
+    init_logging_with(&config.log.format, config.log.requests == "stdout");
     let app = App::build(config).await?;
     app.run(shutdown_signal()).await
 }

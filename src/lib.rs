@@ -20,10 +20,12 @@
 //! - [`contracts`]: what a route's answers must satisfy, certification, and
 //!   the rule that sends failover only to certified targets.
 //!
-//! Around them: [`config`], [`metrics`], [`app`] (start-up and shutdown),
-//! [`cli`], the [`demo`], and [`mock_upstream`], the test double for
-//! providers.
+//! Around them: [`config`], [`metrics`], the request log ([`reqlog`]),
+//! [`app`] (start-up and shutdown), [`cli`], the [`demo`], [`analyze`] (what
+//! a request log says about duplicates, TTL and wait window), and
+//! [`mock_upstream`], the test double for providers.
 
+pub mod analyze;
 pub mod answer;
 pub mod app;
 pub mod cache;
@@ -38,6 +40,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod providers;
+pub mod reqlog;
 pub mod routes;
 pub mod sse;
 pub mod store;

@@ -31,6 +31,8 @@ enum Command {
     MockUpstream(idem::mock_upstream::MockArgs),
     /// Print the sha256: form of an API key for the config file.
     HashKey { key: String },
+    /// Duplicates, saved calls, and a TTL and wait window, from a request log.
+    Analyze(idem::analyze::AnalyzeArgs),
     /// Check a configuration file and print its routes.
     Check {
         #[arg(long, env = "IDEM_CONFIG")]
@@ -86,6 +88,7 @@ fn main() -> ExitCode {
                 config,
             } => idem::cli::certify(config.as_deref(), &route, target.as_deref()).await,
             Command::Routes { config } => idem::cli::routes(config.as_deref()).await,
+            Command::Analyze(args) => idem::analyze::run(args).map_err(Into::into),
         }
     });
     match result {

@@ -259,6 +259,10 @@ impl Metrics {
             "idem_redis_errors_total",
             "Redis operations that failed (idem fell back to local coalescing).",
         );
+        d(
+            "idem_rate_limited_total",
+            "Requests refused with 429 by a tenant's rate limit.",
+        );
         self.recorder.describe_histogram(
             "idem_coalesce_wait_seconds".into(),
             Some(metrics::Unit::Seconds),

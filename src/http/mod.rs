@@ -27,6 +27,7 @@ use crate::flight::Coalescer;
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
 use crate::providers::Providers;
+use crate::reqlog::RequestLog;
 use crate::routes::Routes;
 use crate::store::Store;
 use crate::tenants::{Keyring, Principal};
@@ -44,6 +45,7 @@ pub struct Shared {
     pub store: Arc<dyn Store>,
     pub jobs: Arc<Jobs>,
     pub limits: Limits,
+    pub reqlog: RequestLog,
 }
 
 #[derive(Clone)]
