@@ -418,6 +418,9 @@ impl Collector {
                 normalize: r.normalize,
                 scope: r.scope,
                 ignore_fields: &r.ignore_fields,
+                // One route's requests share its contract: grouping is the
+                // same with or without it.
+                contract: None,
             },
             None => Rules {
                 tenant: &self.raw.tenant,
@@ -426,6 +429,7 @@ impl Collector {
                 normalize: Normalize::None,
                 scope: Scope::Tenant,
                 ignore_fields: &[],
+                contract: None,
             },
         };
         fingerprint::fingerprint(body, None, &rules)
