@@ -646,6 +646,12 @@ impl Config {
         if self.contracts.refresh_interval < Duration::from_millis(10) {
             return Err(self.invalid("contracts.refresh_interval", "must be at least 10ms"));
         }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return Err(self.invalid("log.format", "expected \"text\" or \"json\""));
+        }
+        if self.log.requests.is_empty() {
+            return Err(self.invalid("log.requests", "expected \"stdout\", \"off\" or a file path"));
+        }
         let mut seen_keys = HashSet::new();
         for (i, key) in self.admin.api_keys.iter().enumerate() {
             check_key(key).map_err(|m| self.invalid(format!("admin.api_keys[{i}]"), m))?;
