@@ -650,7 +650,10 @@ impl Config {
             return Err(self.invalid("log.format", "expected \"text\" or \"json\""));
         }
         if self.log.requests.is_empty() {
-            return Err(self.invalid("log.requests", "expected \"stdout\", \"off\" or a file path"));
+            return Err(self.invalid(
+                "log.requests",
+                "expected \"stdout\", \"off\" or a file path",
+            ));
         }
         let mut seen_keys = HashSet::new();
         for (i, key) in self.admin.api_keys.iter().enumerate() {
