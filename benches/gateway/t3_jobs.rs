@@ -1,0 +1,117 @@
+//! Table 3: idempotent job creations per second (`POST /v1/jobs` with an
+//! `Idempotency-Key`) on SQLite and PostgreSQL, against a baseline of plain
+//! chat completions through the same gateway. The jobs also run (against
+//! the mock, latency 0) while they are being created.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Settings;
+use crate::http::Endpoint;
+use crate::load::{self, Run};
+use crate::procs::{Gateway, GatewaySpec, KEY, Mock, Workdir, pg_schema};
+use crate::report::{Table, int, ms, per_sec, ratio, verdict};
+
+const CONNS: usize = 32;
+
+pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
+    let secs = Duration::from_secs_f64(s.pick(1.0, 4.0));
+    let warm = Duration::from_secs_f64(s.pick(0.3, 1.0));
+    let dir = Workdir::new("jobs")?;
+    let mock = Mock::start(&dir, "mock", &[]).await?;
+
+    let mut t = Table::new(
+        format!("3. Idempotent job creations per second ({CONNS} connections, closed loop)"),
+        &[
+            "storage / workload",
+            "per second",
+            "vs baseline",
+            "p50 ms",
+            "p99 ms",
+            "answers",
+            "target",
+            "result",
+        ],
+    );
+    for (storage, target) in [("SQLite", 2_000.0), ("PostgreSQL", 3_000.0)] {
+        let mut spec = GatewaySpec::new(&mock, &dir);
+        if storage == "PostgreSQL" {
+            match pg_schema().await {
+                Ok(url) => spec.storage = url,
+                Err(e) => {
+                    t.na(storage, &format!("{e:#}"));
+                    continue;
+                }
+            }
+        }
+        let gateway =
+            match Gateway::start(&dir, &format!("idem-{}", storage.to_lowercase()), &spec).await {
+                Ok(g) => g,
+                Err(e) => {
+                    t.na(storage, &format!("{e:#}"));
+                    continue;
+                }
+            };
+        let endpoint = Endpoint::new(gateway.addr, Some(KEY));
+        load::closed(gateway.addr, CONNS, warm, load::unique_chats(&endpoint)).await?;
+        load::closed(gateway.addr, CONNS, warm, load::jobs(&endpoint, false)).await?;
+
+        let baseline =
+            load::closed(gateway.addr, CONNS, secs, load::unique_chats(&endpoint)).await?;
+        let distinct =
+            load::closed(gateway.addr, CONNS, secs, load::jobs(&endpoint, false)).await?;
+        let repeated = load::closed(gateway.addr, CONNS, secs, load::jobs(&endpoint, true)).await?;
+
+        let row = |label: &str, r: &Run, target: Option<f64>| -> Vec<String> {
+            let answers = if target.is_some() {
+                let other = r.sent() - r.count(201) - r.count(200);
+                format!(
+                    "201 x {}, 200 x {}, other x {}",
+                    int(r.count(201)),
+                    int(r.count(200)),
+                    int(other)
+                )
+            } else {
+                format!("2xx x {}, other x {}", int(r.ok()), int(r.failed()))
+            };
+            vec![
+                format!("{storage}: {label}"),
+                per_sec(r.rate()),
+                ratio(r.rate(), baseline.rate()),
+                ms(r.ms(0.5)),
+                ms(r.ms(0.99)),
+                answers,
+                target.map_or("-".into(), |v| format!(">= {}/s", int(v as u64))),
+                target.map_or(String::new(), |v| verdict(r.rate() >= v && r.failed() == 0)),
+            ]
+        };
+        t.row(row("chat completions, no key (baseline)", &baseline, None));
+        t.row(row("jobs, distinct keys", &distinct, Some(target)));
+        t.row(row("jobs, 50 % repeated keys", &repeated, Some(target)));
+        for (label, r) in [("distinct", &distinct), ("repeated", &repeated)] {
+            if let Some(e) = &r.first_error {
+                t.note(format!("{storage}, {label}: first error: {e}"));
+            }
+        }
+        if let Ok(stats) = gateway.stats().await
+            && let Some(jobs) = stats["jobs"].as_object()
+        {
+            let states: Vec<String> = jobs
+                .iter()
+                .filter(|(_, v)| v.as_u64().unwrap_or(0) > 0)
+                .map(|(k, v)| format!("{k} {}", int(v.as_u64().unwrap_or(0))))
+                .collect();
+            t.note(format!(
+                "{storage}: jobs by state right after the runs: {}",
+                states.join(", ")
+            ));
+        }
+    }
+    t.note(format!(
+        "{} s per workload; repeated keys: every key is sent twice in a row with the same payload \
+         (the twin often races it on another connection); 201 = new job, 200 = replay",
+        secs.as_secs_f64()
+    ));
+    t.note("SQLite file in the temporary folder; PostgreSQL on a fresh schema; idem's default pool and 16 job workers");
+    Ok(t)
+}
