@@ -128,44 +128,45 @@ fn main() -> ExitCode {
 
 async fn run(settings: Arc<Settings>) -> ExitCode {
     println!("{}", header(&settings));
-    let work = tokio::spawn({
-        let settings = Arc::clone(&settings);
-        async move {
-            let mut all_ran = true;
-            for (n, name) in TABLES {
-                if !settings.wants(n) {
-                    continue;
-                }
-                let started = Instant::now();
-                // Each table in a task of its own: a panic ends that table
-                // (its processes are killed as it unwinds), not the suite.
-                match tokio::spawn(table(n, Arc::clone(&settings))).await {
-                    Ok(Ok(t)) => {
-                        print!("{}", t.render());
-                        println!("  ({:.0} s)", started.elapsed().as_secs_f64());
-                    }
-                    Ok(Err(e)) => {
-                        all_ran = false;
-                        println!("\n{n}. {name}: could not run: {e:#}");
-                    }
-                    Err(e) => {
-                        all_ran = false;
-                        println!("\n{n}. {name}: panicked: {e}");
-                    }
-                }
+    let mut all_ran = true;
+    for (n, name) in TABLES {
+        if !settings.wants(n) {
+            continue;
+        }
+        let started = Instant::now();
+        // Each table in a task of its own: a panic ends that table (its
+        // processes are killed as it unwinds), not the suite; Ctrl-C aborts
+        // it, which drops (and kills) its processes the same way.
+        let mut task = tokio::spawn(table(n, Arc::clone(&settings)));
+        let ended = tokio::select! {
+            ended = &mut task => ended,
+            _ = tokio::signal::ctrl_c() => {
+                task.abort();
+                let _ = task.await;
+                println!("\ninterrupted");
+                all_ran = false;
+                break;
             }
-            all_ran
+        };
+        match ended {
+            Ok(Ok(t)) => {
+                print!("{}", t.render());
+                println!(
+                    "  ({:.0} s; load average {} after it)",
+                    started.elapsed().as_secs_f64(),
+                    load_average()
+                );
+            }
+            Ok(Err(e)) => {
+                all_ran = false;
+                println!("\n{n}. {name}: could not run: {e:#}");
+            }
+            Err(e) => {
+                all_ran = false;
+                println!("\n{n}. {name}: panicked: {e}");
+            }
         }
-    });
-    let abort = work.abort_handle();
-    let all_ran = tokio::select! {
-        done = work => done.unwrap_or(false),
-        _ = tokio::signal::ctrl_c() => {
-            abort.abort();
-            println!("\ninterrupted");
-            false
-        }
-    };
+    }
     for failure in procs::cleanup().await {
         println!("cleanup failed: {failure}");
     }
@@ -174,6 +175,14 @@ async fn run(settings: Arc<Settings>) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The 1, 5 and 15 minute load averages: other work on the machine
+/// competes with the processes measured.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// The output of a command, trimmed; `None` if it failed.
@@ -195,9 +204,26 @@ fn header(s: &Settings) -> String {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     let kernel = output("uname", &["-sr"]).unwrap_or_else(|| "unknown kernel".into());
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default();
+    let load = load_average();
+    // `IDEM_<SECTION>__<KEY>` variables reach every gateway started here.
+    let mut overrides: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("IDEM_") && k.contains("__"))
+        .map(|(k, v)| {
+            let secret = ["KEY", "SECRET", "PASS", "TOKEN", "URL"]
+                .iter()
+                .any(|s| k.contains(s));
+            format!("{k}={}", if secret { "***" } else { v.as_str() })
+        })
+        .collect();
+    overrides.sort();
+    let overrides = if overrides.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\n  overrides {} (config overrides every gateway inherits)",
+            overrides.join(" ")
+        )
+    };
     let version =
         output(env!("CARGO_BIN_EXE_idem"), &["--version"]).unwrap_or_else(|| "idem ?".into());
     let repo = env!("CARGO_MANIFEST_DIR");
@@ -220,7 +246,7 @@ fn header(s: &Settings) -> String {
          \x20 idem      {version}, commit {commit}{}\n\
          \x20 mode      {} (IDEM_BENCH_QUICK={}), tables {selection} (IDEM_BENCH_ONLY)\n\
          \x20 setup     load generator = this process; gateway = `idem serve`, provider = `idem mock-upstream`,\n\
-         \x20           separate processes on loopback, all sharing the machine's {cores} cores",
+         \x20           separate processes on loopback, all sharing the machine's {cores} cores{overrides}",
         if dirty { " + uncommitted changes" } else { "" },
         s.pick("quick", "full"),
         s.pick("1", "0"),

@@ -63,6 +63,15 @@ pub struct Proc {
     log: PathBuf,
 }
 
+/// `text` without the temporary folder's path (error messages name the
+/// config file, and the folder's long name would hide the reason).
+fn without_dir(text: &str, log: &Path) -> String {
+    match log.parent().and_then(Path::to_str) {
+        Some(dir) => text.replace(&format!("{dir}/"), ""),
+        None => text.to_string(),
+    }
+}
+
 impl Proc {
     fn spawn(name: &str, args: &[&str], log: PathBuf) -> anyhow::Result<Proc> {
         let out = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
@@ -136,7 +145,7 @@ impl Proc {
             }
             Err(_) => line.to_string(),
         };
-        shorten(line.trim(), 160)
+        shorten(without_dir(line.trim(), &self.log).as_str(), 200)
     }
 
     /// Resident memory now and its peak so far.
@@ -239,8 +248,7 @@ fn clock_ticks() -> u64 {
 
 /// `idem mock-upstream` on a loopback port, and its control API.
 pub struct Mock {
-    /// Owned so that dropping the `Mock` kills the process.
-    _proc: Proc,
+    pub proc: Proc,
     pub addr: SocketAddr,
     control: reqwest::Client,
 }
@@ -259,7 +267,7 @@ impl Mock {
             })
             .await?;
         Ok(Mock {
-            _proc: proc,
+            proc,
             addr: addr.parse().context("mock address")?,
             control: control_client()?,
         })
@@ -514,10 +522,14 @@ pub async fn pg_schema() -> anyhow::Result<String> {
 /// A unique Redis key prefix, whose keys are deleted at the end of the run.
 pub fn redis_prefix() -> String {
     let prefix = format!("idem-bench-{}", uuid::Uuid::now_v7().simple());
-    register(Cleanup::RedisPrefix {
-        url: redis_url(),
-        prefix: prefix.clone(),
-    });
+    let url = redis_url();
+    // A URL that does not parse cannot have keys (the gateway refuses it).
+    if redis::Client::open(url.as_str()).is_ok() {
+        register(Cleanup::RedisPrefix {
+            url,
+            prefix: prefix.clone(),
+        });
+    }
     prefix
 }
 

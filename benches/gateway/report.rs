@@ -27,7 +27,7 @@ impl Table {
     pub fn na(&mut self, label: &str, reason: &str) {
         self.rows.push(vec![
             label.to_string(),
-            format!("n/a: {}", crate::procs::shorten(reason, 110)),
+            format!("n/a: {}", crate::procs::shorten(reason, 200)),
         ]);
     }
 

@@ -44,6 +44,8 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     let (mut b_direct, mut b_idem) = (Run::new()?, Run::new()?);
     // Upstream calls made while idem was measured, against its requests.
     let (mut idem_requests, mut idem_calls) = (0u64, 0u64);
+    // CPU of the closed loop: the mock's when direct, idem's through idem.
+    let (mut mock_cpu, mut idem_cpu) = (Duration::ZERO, Duration::ZERO);
     let rounds = (0..rounds_a)
         .map(|r| (true, r))
         .chain((0..rounds_b).map(|r| (false, r)));
@@ -57,6 +59,12 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
             let endpoint = if side == Side::Direct { &direct } else { &idem };
             let make = load::unique_chats(endpoint);
             let before = mock.calls().await?;
+            let cpu = if side == Side::Direct {
+                &mock.proc
+            } else {
+                &gateway.proc
+            };
+            let cpu_before = cpu.cpu()?;
             let run = if closed {
                 load::closed(endpoint.addr, CONNS, Duration::from_secs_f64(secs_a), make).await?
             } else {
@@ -69,6 +77,13 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
                 )
                 .await?
             };
+            if closed {
+                let used = cpu.cpu()?.saturating_sub(cpu_before);
+                match side {
+                    Side::Direct => mock_cpu += used,
+                    Side::Idem => idem_cpu += used,
+                }
+            }
             if side == Side::Idem {
                 idem_calls += mock.calls().await? - before;
                 idem_requests += run.sent();
@@ -108,6 +123,19 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
         pair(&a_direct, 0.5, 0.99),
         pair(&a_idem, 0.5, 0.99),
         String::new(),
+        "-".into(),
+        String::new(),
+    ]);
+    let per_request = |cpu: Duration, r: &Run| cpu.as_secs_f64() * 1e6 / r.sent().max(1) as f64;
+    let (mock_us, idem_us) = (
+        per_request(mock_cpu, &a_direct),
+        per_request(idem_cpu, &a_idem),
+    );
+    t.row([
+        "(a) CPU per request, us (mock / idem process)".into(),
+        format!("{mock_us:.1}"),
+        format!("{idem_us:.1}"),
+        ratio(idem_us, mock_us),
         "-".into(),
         String::new(),
     ]);

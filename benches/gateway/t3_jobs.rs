@@ -112,6 +112,9 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
          (the twin often races it on another connection); 201 = new job, 200 = replay",
         secs.as_secs_f64()
     ));
-    t.note("SQLite file in the temporary folder; PostgreSQL on a fresh schema; idem's default pool and 16 job workers");
+    t.note(
+        "SQLite file in the temporary folder; PostgreSQL on a fresh schema; idem's defaults \
+         (16 storage connections, 16 job workers) unless the header lists overrides",
+    );
     Ok(t)
 }
