@@ -131,3 +131,20 @@ pub fn ratio(a: f64, b: f64) -> String {
 pub fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
+
+/// Per-round differences `b - a` of paired figures, as
+/// `median (min .. max) ms`: how much a merged figure owes to one noisy
+/// round.
+pub fn spread(pairs: &[(f64, f64)]) -> String {
+    let mut d: Vec<f64> = pairs.iter().map(|(a, b)| b - a).collect();
+    if d.is_empty() {
+        return "-".into();
+    }
+    d.sort_by(f64::total_cmp);
+    let median = if d.len() % 2 == 1 {
+        d[d.len() / 2]
+    } else {
+        (d[d.len() / 2 - 1] + d[d.len() / 2]) / 2.0
+    };
+    format!("{median:+.3} ({:+.3} .. {:+.3}) ms", d[0], d[d.len() - 1])
+}

@@ -10,7 +10,7 @@ use crate::Settings;
 use crate::http::Endpoint;
 use crate::load::{self, Run};
 use crate::procs::{Gateway, GatewaySpec, KEY, Mock, Workdir};
-use crate::report::{Table, int, ms, per_sec, plus_ms, ratio, verdict};
+use crate::report::{Table, int, ms, per_sec, plus_ms, ratio, spread, verdict};
 
 /// Connections of the closed loop (and of the open loop's pool).
 const CONNS: usize = 32;
@@ -46,6 +46,8 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     let (mut idem_requests, mut idem_calls) = (0u64, 0u64);
     // CPU of the closed loop: the mock's when direct, idem's through idem.
     let (mut mock_cpu, mut idem_cpu) = (Duration::ZERO, Duration::ZERO);
+    // (b) p99 of each round, direct and idem, for the spread.
+    let (mut direct_p99s, mut idem_p99s) = (Vec::new(), Vec::new());
     let rounds = (0..rounds_a)
         .map(|r| (true, r))
         .chain((0..rounds_b).map(|r| (false, r)));
@@ -94,6 +96,12 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
                 (false, Side::Direct) => &mut b_direct,
                 (false, Side::Idem) => &mut b_idem,
             };
+            if !closed {
+                match side {
+                    Side::Direct => direct_p99s.push(run.ms(0.99)),
+                    Side::Idem => idem_p99s.push(run.ms(0.99)),
+                }
+            }
             target.absorb(run)?;
         }
     }
@@ -155,6 +163,15 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
         plus_ms(added_p99),
         format!("added < {ADDED_P99_MS} ms"),
         verdict(added_p99 < ADDED_P99_MS),
+    ]);
+    let pairs: Vec<(f64, f64)> = direct_p99s.into_iter().zip(idem_p99s).collect();
+    t.row([
+        "(b) added p99 per round: median (min .. max)".into(),
+        String::new(),
+        String::new(),
+        spread(&pairs),
+        "-".into(),
+        String::new(),
     ]);
     t.row([
         "(b) p99.9 / max, ms".into(),

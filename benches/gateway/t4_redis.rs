@@ -13,7 +13,7 @@ use crate::Settings;
 use crate::http::Endpoint;
 use crate::load::{self, Run};
 use crate::procs::{Gateway, GatewaySpec, KEY, Mock, Workdir, pg_schema, redis_prefix, redis_url};
-use crate::report::{Table, int, ms, per_sec, plus_ms, verdict};
+use crate::report::{Table, int, ms, per_sec, plus_ms, spread, verdict};
 use crate::wave;
 
 const CONNS: usize = 32;
@@ -66,6 +66,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
                 load::closed(r_ep.addr, CONNS, warm, load::unique_chats(&r_ep)).await?;
                 let (mut m_run, mut r_run) = (Run::new()?, Run::new()?);
                 let (mut r_requests, mut r_calls) = (0u64, 0u64);
+                let (mut m_p99s, mut r_p99s) = (Vec::new(), Vec::new());
                 let d = Duration::from_secs_f64(secs);
                 for round in 0..rounds {
                     let redis_first = round % 2 == 1;
@@ -75,10 +76,12 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
                         let run =
                             load::open(ep.addr, RATE, d, CONNS, load::unique_chats(ep)).await?;
                         if is_redis {
+                            r_p99s.push(run.ms(0.99));
                             r_calls += mock.calls().await? - before;
                             r_requests += run.sent();
                             r_run.absorb(run)?;
                         } else {
+                            m_p99s.push(run.ms(0.99));
                             m_run.absorb(run)?;
                         }
                     }
@@ -100,6 +103,15 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
                     plus_ms(added),
                     format!("added < {ADDED_P99_MS} ms"),
                     verdict(added < ADDED_P99_MS),
+                ]);
+                let pairs: Vec<(f64, f64)> = m_p99s.into_iter().zip(r_p99s).collect();
+                t.row([
+                    "(a) added p99 per round: median (min .. max)".into(),
+                    String::new(),
+                    String::new(),
+                    spread(&pairs),
+                    "-".into(),
+                    String::new(),
                 ]);
                 t.row([
                     "(a) achieved rate, req/s".into(),
