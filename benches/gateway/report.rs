@@ -132,6 +132,25 @@ pub fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
+/// PASS or MISS, marked `*` when the rounds disagree by more than the
+/// target itself (`noisy`): then the verdict says more about the machine's
+/// other work than about idem.
+pub fn verdict_noisy(met: bool, noisy: bool) -> String {
+    let v = verdict(met);
+    if noisy { format!("{v}*") } else { v }
+}
+
+/// Whether per-round differences `b - a` spread wider than `limit`.
+pub fn too_spread(pairs: &[(f64, f64)], limit: f64) -> bool {
+    let d = pairs.iter().map(|(a, b)| b - a);
+    let (min, max) = d.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    pairs.len() > 1 && max - min > limit
+}
+
+/// The note that explains a `*` verdict.
+pub const NOISY_NOTE: &str = "PASS* / MISS*: the rounds disagree by more than the target, so \
+     other work on the machine decides the verdict (see the load average); rerun on a quiet machine";
+
 /// Per-round differences `b - a` of paired figures, as
 /// `median (min .. max) ms`: how much a merged figure owes to one noisy
 /// round.
