@@ -4,7 +4,7 @@
 //! the mock, latency 0) while they are being created.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::Settings;
 use crate::http::Endpoint;
@@ -58,9 +58,16 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
 
         let baseline =
             load::closed(gateway.addr, CONNS, secs, load::unique_chats(&endpoint)).await?;
+        // Jobs finished while the two job workloads ran: does the executor
+        // keep up with the creations?
+        let (done_before, since) = (succeeded(&gateway).await, Instant::now());
         let distinct =
             load::closed(gateway.addr, CONNS, secs, load::jobs(&endpoint, false)).await?;
         let repeated = load::closed(gateway.addr, CONNS, secs, load::jobs(&endpoint, true)).await?;
+        let finished = match (done_before, succeeded(&gateway).await) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / since.elapsed().as_secs_f64()),
+            _ => None,
+        };
 
         let row = |label: &str, r: &Run, target: Option<f64>| -> Vec<String> {
             let answers = if target.is_some() {
@@ -88,6 +95,18 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
         t.row(row("chat completions, no key (baseline)", &baseline, None));
         t.row(row("jobs, distinct keys", &distinct, Some(target)));
         t.row(row("jobs, 50 % repeated keys", &repeated, Some(target)));
+        if let Some(rate) = finished {
+            t.row([
+                format!("{storage}: jobs run to completion meanwhile"),
+                per_sec(rate),
+                ratio(rate, baseline.rate()),
+                String::new(),
+                String::new(),
+                "(executor, during both job runs)".into(),
+                "-".into(),
+                String::new(),
+            ]);
+        }
         for (label, r) in [("distinct", &distinct), ("repeated", &repeated)] {
             if let Some(e) = &r.first_error {
                 t.note(format!("{storage}, {label}: first error: {e}"));
@@ -117,4 +136,10 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
          (16 storage connections, 16 job workers) unless the header lists overrides",
     );
     Ok(t)
+}
+
+/// Jobs in state `succeeded`, from `/v1/stats`.
+async fn succeeded(gateway: &Gateway) -> Option<u64> {
+    let stats = gateway.stats().await.ok()?;
+    stats["jobs"]["succeeded"].as_u64()
 }
