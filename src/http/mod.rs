@@ -1,8 +1,8 @@
 //! The HTTP surface: the router, the shared state handlers see, and the
 //! caller's identity. Handlers live in one file per area: `openai` (chat
 //! completions, models), `jobs` (the jobs API), `ops` (health, metrics,
-//! stats), `admin` (certification, routes); `error` renders every failure,
-//! `validate` checks bodies.
+//! stats), `admin` (certification, routes, jobs across tenants); `error`
+//! renders every failure, `validate` checks bodies.
 
 pub mod admin;
 pub mod error;
@@ -134,6 +134,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/stats", get(ops::stats))
         .route("/v1/admin/certify", post(admin::certify))
         .route("/v1/admin/routes", get(admin::routes))
+        .route("/v1/admin/jobs", get(admin::jobs))
+        .route("/v1/admin/jobs/{id}", get(admin::job))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
