@@ -1,6 +1,8 @@
-//! The admin endpoints the dashboard reads: every job and every figure
-//! needs the admin key (no key: 401, a tenant key: 403), while the tenant
-//! endpoints stay scoped to their tenant.
+//! The dashboard at `/ui` and the admin endpoints it reads: the page is
+//! public static text with a strict policy; every figure and every job
+//! behind it needs the admin key (no key: 401, a tenant key: 403), while
+//! the tenant endpoints stay scoped to their tenant. The page itself is
+//! driven in headless Chromium by `tests/ui/` (`.ci/ui-test`).
 
 use idem::mock_upstream::Behaviour;
 use serde_json::{Value, json};
@@ -44,6 +46,50 @@ async fn admin_job_until(app: &TestApp, id: &str, cond: impl Fn(&Value) -> bool)
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     panic!("job never reached the expected state: {last}");
+}
+
+#[tokio::test]
+async fn the_page_is_public_static_and_locked_down() {
+    let app = TestApp::spawn().await;
+    for path in ["/ui", "/ui/"] {
+        let r = get_raw(&app, path, None).await;
+        assert_eq!(r.status(), 200, "{path}");
+        let h = r.headers().clone();
+        assert!(h["content-type"].to_str().unwrap().starts_with("text/html"));
+        let csp = h["content-security-policy"].to_str().unwrap();
+        for directive in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "connect-src 'self'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(csp.contains(directive), "{csp}");
+        }
+        assert_eq!(h["x-content-type-options"], "nosniff");
+        assert_eq!(h["referrer-policy"], "no-referrer");
+        let page = r.text().await.unwrap();
+        assert!(page.contains("/ui/app.js"), "{page}");
+    }
+    for (path, ty) in [
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/app.css", "text/css"),
+    ] {
+        let r = get_raw(&app, path, None).await;
+        assert_eq!(r.status(), 200, "{path}");
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(ty)
+        );
+    }
+    assert_error(
+        get_raw(&app, "/ui/secrets.json", None).await,
+        404,
+        "not_found",
+    )
+    .await;
+    app.stop().await;
 }
 
 #[tokio::test]
