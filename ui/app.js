@@ -57,6 +57,7 @@
   const ratio = (x) => (typeof x === 'number' ? x.toFixed(3) : '–');
   function ms(x) {
     if (typeof x !== 'number') return '–';
+    if (x >= 120000) return (x / 60000).toFixed(1) + ' min';
     if (x >= 10000) return (x / 1000).toFixed(1) + ' s';
     if (x >= 100) return x.toFixed(0) + ' ms';
     if (x >= 10) return x.toFixed(1) + ' ms';
@@ -378,12 +379,12 @@
         const cert = t.certification ? t.certification.state : 'no contract';
         const circuit = t.circuit ? t.circuit.state : 'unknown';
         const circuitCell = el('td', { class: 'circuit', 'data-state': circuit }, pill(circuit, circuitKind(circuit)));
+        const notes = [];
         if (t.circuit && t.circuit.consecutive_failures > 0) {
-          circuitCell.append(' ', el('span', { class: 'hint' }, `${t.circuit.consecutive_failures}/${t.circuit.failures_to_open} failures`));
+          notes.push(`${t.circuit.consecutive_failures}/${t.circuit.failures_to_open} failures`);
         }
-        if (t.circuit && typeof t.circuit.retry_in_ms === 'number') {
-          circuitCell.append(' ', el('span', { class: 'hint' }, `probe in ${ms(t.circuit.retry_in_ms)}`));
-        }
+        if (t.circuit && typeof t.circuit.retry_in_ms === 'number') notes.push(`probe in ${ms(t.circuit.retry_in_ms)}`);
+        if (notes.length) circuitCell.append(' ', el('span', { class: 'hint' }, notes.join(' · ')));
         rows.push(el('tr', { 'data-testid': `target-${r.route}-${t.index}`, class: i === 0 ? 'first' : null },
           el('td', null, i === 0 ? r.route : ''),
           el('td', null, i === 0 ? (r.failover === 'certified_only' ? 'certified only' : 'any target') : ''),
