@@ -2,9 +2,10 @@
 //
 // Starts a real gateway (`idem serve`, the debug binary by default) on a free
 // port with SQLite in a temporary directory, an admin key and two tenants,
-// in front of three providers: the built-in mock (instant), `idem
-// mock-upstream` answering after 400 ms, and a socket here that accepts
-// calls and never answers (its attempts end `unknown`). Then it drives
+// in front of four providers: the built-in mock (instant), `idem
+// mock-upstream` answering after 400 ms, another answering JSON that keeps
+// a route's contract, and a socket here that accepts calls and never
+// answers (its attempts end `unknown`, and its circuit opens). Then it drives
 // Debian's Chromium with playwright-core: signs in with the admin key, reads
 // the figures, fires waves of identical requests and a few jobs, and checks
 // that what the page shows moved by exactly what was sent.
@@ -166,6 +167,11 @@ before(async () => {
     ['mock-upstream', '--listen', '127.0.0.1:0', '--latency-ms', '400'], {},
     /mock-upstream listening on (http:\/\/\S+)/);
   const upstreamUrl = mock[1];
+  // A provider whose every answer keeps the `support` route's contract.
+  const keeper = await startProcess('mock-upstream (contract keeper)',
+    ['mock-upstream', '--listen', '127.0.0.1:0', '--content', '{"answer": "It is on its way.", "category": "delivery"}'], {},
+    /mock-upstream listening on (http:\/\/\S+)/);
+  const keeperUrl = keeper[1];
 
   // A provider that accepts the call and never answers: attempts on it
   // time out after sending, which idem records as `unknown`.
@@ -177,6 +183,22 @@ before(async () => {
   await new Promise((resolve) => silent.listen(0, '127.0.0.1', resolve));
   const silentUrl = `http://127.0.0.1:${silent.address().port}/v1`;
 
+  writeFileSync(path.join(work, 'reply.schema.json'), JSON.stringify({
+    type: 'object',
+    properties: { answer: { type: 'string' }, category: { type: 'string' } },
+    required: ['answer', 'category'],
+  }));
+  writeFileSync(path.join(work, 'support.toml'), `
+schema = "reply.schema.json"
+required = ["answer", "category"]
+runs_per_case = 1
+[checks.category]
+enum = ["billing", "delivery", "other"]
+[[cases]]
+name = "order status"
+messages = [{ role = "user", content = "Where is my order 1234?" }]
+expect = { category = "delivery" }
+`);
   const config = `
 [server]
 listen = "127.0.0.1:0"
@@ -208,10 +230,18 @@ kind = "openai"
 base_url = "${upstreamUrl}"
 timeout = "10s"
 [[providers]]
+name = "keeper"
+kind = "openai"
+base_url = "${keeperUrl}"
+timeout = "10s"
+[[providers]]
 name = "silent"
 kind = "openai"
 base_url = "${silentUrl}"
-timeout = "30s"
+timeout = "1s"
+[providers.breaker]
+failures = 1
+cooldown = "10m"
 [[routes]]
 model = "mock"
 targets = [{ provider = "builtin-mock", model = "mock-1" }]
@@ -228,6 +258,11 @@ targets = [{ provider = "silent", model = "never" }]
 [routes.attempts]
 max = 1
 timeout = "300ms"
+[[routes]]
+model = "support"
+contract = "support.toml"
+targets = [{ provider = "builtin-mock", model = "mock-1" }, { provider = "keeper", model = "json-1" },
+           { provider = "builtin-mock", model = "mock-2" }]
 `;
   const configPath = path.join(work, 'idem.toml');
   writeFileSync(configPath, config);
@@ -388,11 +423,29 @@ test('jobs: by state, unknown attempts highlighted, attempt races counted', asyn
   }));
   assert.ok(await page.locator(`#recent-jobs tr[data-job-id="${held}"]`).evaluate((n) => n.classList.contains('held')));
 
-  // Targets: certification and circuit state per target.
-  const slowFirst = page.locator('[data-testid="target-slow-0"]');
-  assert.equal(await slowFirst.locator('.circuit').getAttribute('data-state'), 'closed');
-  assert.equal(await slowFirst.locator('.cert').getAttribute('data-state'), 'no contract');
-  assert.equal(await page.locator('#routes tbody tr').count(), 4);
+  // The provider that never answers: its call times out after 1 s, and one
+  // failure opens its circuit. The attempt stays unknown all the same.
+  const fragile = page.locator('[data-testid="target-fragile-0"] .circuit');
+  await until('the silent target\'s circuit opens', async () => ({ ok: (await fragile.getAttribute('data-state')) === 'open' }));
+  assert.match(await fragile.textContent(), /probe in/);
+  assert.equal(await page.locator('[data-testid="target-slow-0"] .circuit').getAttribute('data-state'), 'closed');
+});
+
+test('targets: certification for the contract, as certified', async () => {
+  const cert = (i) => page.locator(`[data-testid="target-support-${i}"] .cert`).getAttribute('data-state');
+  assert.deepEqual([await cert(0), await cert(1), await cert(2)], ['never', 'never', 'never']);
+  assert.equal(await page.locator('[data-testid="target-slow-0"] .cert').getAttribute('data-state'), 'no contract');
+  // Certify the fallbacks (what `idem certify --route support` does).
+  const r = await http('POST', '/v1/admin/certify', { key: ADMIN, body: { route: 'support' } });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.json.passed, false, 'the built-in mock does not answer in JSON');
+  await until('the page shows the certifications', async () => {
+    const states = [await cert(0), await cert(1), await cert(2)];
+    return { ok: states.join() === 'never,certified,failed', states };
+  });
+  const allowed = (i) => page.locator(`[data-testid="target-support-${i}"] .failover`).getAttribute('data-value');
+  assert.deepEqual([await allowed(1), await allowed(2)], ['true', 'false']);
+  assert.equal(await page.locator('#routes tbody tr').count(), 7);
 });
 
 test('the job page shows the attempts on a timeline', async () => {
@@ -418,7 +471,9 @@ test('the job page shows the attempts on a timeline', async () => {
   const w2 = Number(await second.locator('rect').getAttribute('width'));
   assert.ok(w1 > w2, `bar widths ${w1} > ${w2}`);
   mkdirSync(SHOTS, { recursive: true });
+  await page.setViewportSize({ width: 1400, height: 720 });
   await page.screenshot({ path: path.join(SHOTS, 'job.png'), fullPage: true });
+  await page.setViewportSize({ width: 1400, height: 1000 });
 
   await page.goto(base + '/ui#/jobs/' + held);
   await until('the held job is shown', async () => ({
