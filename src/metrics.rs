@@ -151,7 +151,6 @@ pub struct Metrics {
     pub inflight_flights: Gauge,
     pub jobs_unknown: Gauge,
     pub redis_errors: Tally,
-    pub negative_cache_entries: Gauge,
     rate_limited: Counter,
 }
 
@@ -221,7 +220,6 @@ impl Metrics {
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &meta);
         let inflight_flights = gauge("idem_inflight_flights");
         let jobs_unknown = gauge("idem_jobs_unknown");
-        let negative_cache_entries = gauge("idem_negative_cache_entries");
         let redis_errors = Tally::new(
             recorder.register_counter(&Key::from_name("idem_redis_errors_total"), &meta),
         );
@@ -238,7 +236,6 @@ impl Metrics {
             inflight_flights,
             jobs_unknown,
             redis_errors,
-            negative_cache_entries,
             rate_limited,
         };
         m.describe();
@@ -305,11 +302,7 @@ impl Metrics {
             None,
             "Attempts in state unknown.".into(),
         );
-        self.recorder.describe_gauge(
-            "idem_negative_cache_entries".into(),
-            None,
-            "Provider errors held in the negative cache.".into(),
-        );
+
         self.recorder.describe_gauge(
             "idem_circuit_state".into(),
             None,

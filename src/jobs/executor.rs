@@ -364,6 +364,10 @@ impl AttemptCtx {
             }))
         };
         let cfg = &self.route.config;
+        // A follower attempt may wait for its leader as long as a late
+        // answer still counts; the attempt timeout below decides when the
+        // attempt becomes unknown, without abandoning the call.
+        let late = policy.late_result_window.max(policy.timeout);
         let ask = Ask {
             tenant: &self.tenant,
             route: &self.route,
@@ -374,47 +378,42 @@ impl AttemptCtx {
             write_cache: true,
             coalesce: cfg.coalesce.enabled,
             only_target: Some(self.target),
-            max_wait: Some(policy.timeout),
+            max_wait: Some(late),
         };
-        let delivery = match tokio::time::timeout_at(deadline.into(), app.coalescer.obtain(&ask))
-            .await
-        {
-            Ok(Ok(d)) => d,
-            Ok(Err(ApiError::WaitTimeout { .. })) | Err(_) => {
-                drop(lease_keeper);
+        let work = async {
+            let delivery = app.coalescer.obtain(&ask).await?;
+            if let Source::Live(flight) = &delivery.source
+                && flight.head(None).await.is_some()
+            {
+                let _ = app.jobs.store.attempt_running(&a.job_id, a.n).await;
+            }
+            Ok::<_, ApiError>(delivery.answer().await)
+        };
+        tokio::pin!(work);
+        let outcome = tokio::time::timeout_at(deadline.into(), &mut work).await;
+        drop(lease_keeper);
+        match outcome {
+            Ok(Ok(answer)) => {
+                let end = self.settle(&answer).await;
+                let _ = tx.send(end);
+            }
+            Ok(Err(ApiError::WaitTimeout { .. })) => {
                 let end = self.settle_unknown("timeout").await;
                 let _ = tx.send(end);
-                return;
             }
             Ok(Err(e)) => {
-                drop(lease_keeper);
                 tracing::error!(job = %a.job_id, attempt = a.n, error = %e, "attempt could not run");
                 let end = self.settle_failed("internal_error").await;
-                let _ = tx.send(end);
-                return;
-            }
-        };
-        if let Source::Live(flight) = &delivery.source
-            && tokio::time::timeout_at(deadline.into(), flight.head(None))
-                .await
-                .is_ok()
-        {
-            let _ = app.jobs.store.attempt_running(&a.job_id, a.n).await;
-        }
-        match tokio::time::timeout_at(deadline.into(), delivery.answer()).await {
-            Ok(answer) => {
-                drop(lease_keeper);
-                let end = self.settle(&answer).await;
                 let _ = tx.send(end);
             }
             Err(_) => {
                 // Past the attempt timeout the provider may still be doing
-                // the work: unknown, and keep listening for a late answer.
-                drop(lease_keeper);
+                // the work: unknown, and keep listening for a late answer
+                // (the same call, never a new one).
                 let end = self.settle_unknown("timeout").await;
                 let _ = tx.send(end);
-                let window = policy.late_result_window.saturating_sub(policy.timeout);
-                if let Ok(answer) = tokio::time::timeout(window, delivery.answer()).await {
+                let window = late.saturating_sub(policy.timeout);
+                if let Ok(Ok(answer)) = tokio::time::timeout(window, &mut work).await {
                     self.settle_late(&answer).await;
                 }
             }
