@@ -173,6 +173,28 @@ impl Store for SqliteStore {
         rows::jobs(rows)
     }
 
+    async fn list_all_jobs(
+        &self,
+        state: Option<JobState>,
+        before: Option<&Cursor>,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>> {
+        let rows: Vec<JobRow> = sqlx::query_as(
+            "SELECT * FROM jobs
+             WHERE ($1 IS NULL OR state = $1)
+               AND ($2 IS NULL OR (created_at, id) < ($2, $3))
+             ORDER BY created_at DESC, id DESC
+             LIMIT $4",
+        )
+        .bind(state.map(JobState::as_str))
+        .bind(before.map(|c| c.created_at))
+        .bind(before.map(|c| c.id.as_str()))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows::jobs(rows)
+    }
+
     async fn claim_jobs(
         &self,
         worker: &str,
