@@ -113,7 +113,13 @@ pub async fn create(
     } else {
         StatusCode::OK
     };
-    let body = with_attempts(&app, &created.job).await?;
+    // A job created just now has no attempts to show yet; an existing one
+    // is read with its attempts.
+    let body = if created.new {
+        job_json(&created.job, Some(&[]))
+    } else {
+        with_attempts(&app, &created.job).await?
+    };
     let mut resp = (status, Json(body)).into_response();
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&created.job.id) {
