@@ -1107,4 +1107,31 @@ mod tests {
             prop_assert_eq!(normalize_text(&once, mode), once.as_str());
         }
     }
+
+    /// Found by the `canonical` fuzz target: an integer too large for u64
+    /// is a float whose shortest spelling must parse back to the same
+    /// float (serde_json's `float_roundtrip`), or the canonical form of a
+    /// re-parsed request would differ from the original's.
+    #[test]
+    fn canonical_numbers_survive_a_reparse() {
+        for text in [
+            "1844674407373709551609551616",
+            "1.8446744073737094e27",
+            "2.2250738585072011e-308",
+            "9007199254740993",
+            "0.30000000000000004",
+        ] {
+            let v: Value = serde_json::from_str(text).unwrap();
+            let mut first = Vec::new();
+            write_canonical(&v, &mut first).unwrap();
+            let again: Value = serde_json::from_slice(&first).unwrap();
+            let mut second = Vec::new();
+            write_canonical(&again, &mut second).unwrap();
+            assert_eq!(
+                String::from_utf8(first).unwrap(),
+                String::from_utf8(second).unwrap(),
+                "{text}"
+            );
+        }
+    }
 }
