@@ -480,8 +480,19 @@ impl Cluster {
     }
 
     /// Starts replica `i` and publishes its address; its log goes to a file.
+    ///
+    /// `IDEM_CHAOS_SABOTAGE=split-redis` gives each replica its own Redis
+    /// prefix, so replicas no longer share flights: a way to watch the
+    /// checker catch the extra upstream calls.
     pub async fn start_replica(&mut self, i: usize) {
-        let mut proc = Proc::start(&self.config, &[]).await;
+        let split = format!("{}-replica-{i}", self.prefix);
+        let envs: Vec<(&str, &str)> =
+            if std::env::var("IDEM_CHAOS_SABOTAGE").as_deref() == Ok("split-redis") {
+                vec![("IDEM_COALESCING__REDIS_PREFIX", split.as_str())]
+            } else {
+                vec![]
+            };
+        let mut proc = Proc::start(&self.config, &envs).await;
         let slot = &mut self.replicas[i];
         slot.starts += 1;
         let log = self.dir.join(format!("replica-{i}-{}.log", slot.starts));

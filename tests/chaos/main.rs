@@ -371,6 +371,37 @@ fn print_figures(h: &History, start: Instant) {
         h.calls.len(),
         line(&calls)
     );
+    let mut answered: Vec<_> = h.calls.iter().filter(|c| c.done_ms.is_some()).collect();
+    answered.sort_by_key(|c| (c.done_ms, c.seq));
+    let reordered = answered.windows(2).filter(|w| w[1].seq < w[0].seq).count();
+    println!(
+        "chaos: calls answered before an earlier call: {reordered} of {}",
+        answered.len()
+    );
+    let mut per_group: BTreeMap<(String, Option<String>, Option<String>), usize> = BTreeMap::new();
+    for c in h.calls.iter().filter(|c| c.prompt.starts_with("wave ")) {
+        *per_group
+            .entry((c.prompt.clone(), c.user.clone(), c.model.clone()))
+            .or_default() += 1;
+    }
+    println!(
+        "chaos: upstream calls per wave fingerprint and target: max {}, {} of {} groups above 1",
+        per_group.values().max().copied().unwrap_or(0),
+        per_group.values().filter(|n| **n > 1).count(),
+        per_group.len()
+    );
+    let traced = |kinds: &[OpKind]| {
+        h.ops
+            .iter()
+            .filter(|o| kinds.contains(&o.kind) && o.seen.is_some())
+            .count()
+    };
+    println!(
+        "chaos: answers traced to the call that produced them: {} chat, {} streamed, {} job results",
+        traced(&[OpKind::Chat]),
+        traced(&[OpKind::ChatStream]),
+        traced(&[OpKind::CreateJob, OpKind::GetJob]),
+    );
     let wave_requests = h.ops.iter().filter(|o| o.wave.is_some()).count();
     let wave_calls = h
         .calls

@@ -72,7 +72,10 @@ pub async fn infrastructure(
         if let Some(wait) = at.checked_sub(start.elapsed()) {
             tokio::time::sleep(wait).await;
         }
-        let down = Duration::from_millis(rng.random_range(800..2500));
+        let down = Duration::from_millis(match fault {
+            Infra::Pg => rng.random_range(2_000..4_000),
+            _ => rng.random_range(800..2_500),
+        });
         let from_ms = now_ms();
         let kind = match fault {
             Infra::Kill(i) => {
