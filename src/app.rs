@@ -24,6 +24,7 @@ use crate::http::{AppState, Shared, router};
 use crate::jobs::{Jobs, executor, reconciler};
 use crate::metrics::Metrics;
 use crate::providers::Providers;
+use crate::reqlog::RequestLog;
 use crate::routes::Routes;
 use crate::tenants::Keyring;
 
@@ -51,8 +52,11 @@ impl App {
             .await
             .with_context(|| format!("cannot open storage {}", redact(&config.storage.url)))?;
         let providers = Providers::from_config(&config)?;
-        let routes = Routes::from_config(&config, &providers)?;
         let metrics = Arc::new(Metrics::new(&config));
+        let routes = Routes::from_config(&config, &providers, &metrics)?;
+        if let Err(e) = crate::contracts::registry::refresh(&*store, &routes).await {
+            tracing::warn!(error = %e, "cannot read certifications: no fallback counts as certified yet");
+        }
         let cache = Arc::new(ResultCache::new(config.coalescing.cache_capacity));
         let coalescer = Coalescer::new(cache, metrics.clone());
         if config.coalescing.backend != "memory" {
@@ -71,6 +75,7 @@ impl App {
             max_messages: config.server.max_messages,
         };
         let jobs = Arc::new(Jobs::new(store.clone()));
+        let reqlog = RequestLog::from_config(&config.log)?;
         let state = AppState(Arc::new(Shared {
             config,
             keyring,
@@ -81,6 +86,7 @@ impl App {
             store,
             jobs,
             limits,
+            reqlog,
         }));
         Ok(App { listener, state })
     }
@@ -113,6 +119,7 @@ impl App {
         reconciler::on_startup(&state).await;
         executor::spawn(&state, &stop, &tracker);
         tracker.spawn(reconciler::run(state.clone(), stop.clone()));
+        tracker.spawn(crate::contracts::registry::run(state.clone(), stop.clone()));
 
         let addr = listener.local_addr()?;
         tracing::info!(%addr, source = %state.config.source, "idem listening");

@@ -141,22 +141,6 @@ impl ResultCache {
         };
         self.negative.insert((fp, target), entry);
     }
-
-    /// Drops every entry of a fingerprint (admin purge).
-    pub fn invalidate(&self, fp: &Fingerprint) {
-        self.answers.invalidate(fp);
-        self.negative
-            .invalidate_entries_if({
-                let fp = *fp;
-                move |k, _| k.0 == fp
-            })
-            .ok();
-    }
-
-    pub fn negative_len(&self) -> u64 {
-        self.negative.run_pending_tasks();
-        self.negative.entry_count()
-    }
 }
 
 /// A success TTL with random jitter: `ttl * (1 + u)`, `u` uniform in

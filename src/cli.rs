@@ -1,14 +1,21 @@
 //! What the `idem` subcommands do, so `main` stays a table of calls:
-//! logging set-up, `serve`, and `check`.
+//! logging set-up, `serve`, `check`, `certify` and `routes`.
 
 use std::io::IsTerminal;
 use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::FmtSpan;
 
 use crate::app::{App, shutdown_signal};
 use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::providers::Providers;
+use crate::routes::Routes;
+use crate::store::Store;
 
 /// Installs the global tracing subscriber: `IDEM_LOG` (an `EnvFilter`,
 /// default `info`) chooses what is logged, `format` is `json` or `text`.
@@ -16,7 +23,9 @@ pub fn init_logging(format: &str) {
     init_logging_with(format, true);
 }
 
-/// `requests`: whether the per-request lines (`idem::request`) are kept.
+/// `requests`: whether the per-request lines (`idem::request`) are kept
+/// (they are only when `[log] requests = "stdout"`; a file gets its own
+/// writer, see [`crate::reqlog`]).
 pub fn init_logging_with(format: &str, requests: bool) {
     let mut filter = EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     if !requests && let Ok(d) = "idem::request=off".parse() {
@@ -41,14 +50,16 @@ pub fn init_logging_with(format: &str, requests: bool) {
 /// `idem serve`.
 pub async fn serve(config: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(config)?;
-    init_logging_with(&config.log.format, config.log.requests != "off");
+    init_logging_with(&config.log.format, config.log.requests == "stdout");
     let app = App::build(config).await?;
     app.run(shutdown_signal()).await
 }
 
-/// `idem check`: validates a config and prints its routes.
+/// `idem check`: validates a config (and its contracts) and prints its
+/// routes.
 pub fn check(config: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(config)?;
+    crate::contracts::load_all(&config)?;
     println!("{}: ok", config.source);
     for route in &config.routes {
         let targets: Vec<String> = route
@@ -59,4 +70,112 @@ pub fn check(config: Option<&Path>) -> anyhow::Result<()> {
         println!("  route {:<24} -> {}", route.model, targets.join(", "));
     }
     Ok(())
+}
+
+/// `idem certify`: certifies a route's targets against its contract,
+/// prints the reports and records them; fails when any target fails.
+pub async fn certify(
+    config: Option<&Path>,
+    route: &str,
+    target: Option<&str>,
+) -> anyhow::Result<()> {
+    let config = Config::load(config)?;
+    let (store, routes) = offline(&config).await?;
+    let reports =
+        crate::contracts::certify::certify(&*store, &config, &routes, route, target).await?;
+    for r in &reports {
+        print!("{}", r.render_text());
+    }
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed)
+        .map(|r| format!("{}/{}", r.provider, r.model))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("certification failed for {}", failed.join(", "))
+    }
+}
+
+/// `idem routes`: every route's targets and their certification state for
+/// the current contract hash, as stored.
+pub async fn routes(config: Option<&Path>) -> anyhow::Result<()> {
+    let mut config = Config::load(config)?;
+    // Listing calls no provider, so it needs none of their keys.
+    for p in &mut config.providers {
+        p.api_key_env = None;
+    }
+    let (store, routes) = offline(&config).await?;
+    crate::contracts::registry::refresh(&*store, &routes).await?;
+    for r in crate::http::admin::routes_view(&routes, false) {
+        print!("{}", routes_text(&r));
+    }
+    Ok(())
+}
+
+/// The store and the resolved routes (with contracts), without a server.
+async fn offline(config: &Config) -> anyhow::Result<(Arc<dyn Store>, Routes)> {
+    let store = crate::store::connect(&config.storage.url, config.storage.max_connections)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot open storage {}",
+                crate::app::redact(&config.storage.url)
+            )
+        })?;
+    let providers = Providers::from_config(config)?;
+    let routes = Routes::from_config(config, &providers, &Metrics::new(config))?;
+    Ok((store, routes))
+}
+
+fn routes_text(r: &serde_json::Value) -> String {
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let mut out = match r["contract"].as_object() {
+        Some(c) => format!(
+            "route {}: contract {} ({}); failover only to certified targets\n",
+            s(&r["route"]),
+            s(&c["path"]),
+            s(&c["short_hash"])
+        ),
+        None => format!(
+            "route {}: no contract; failover to any target\n",
+            s(&r["route"])
+        ),
+    };
+    for t in r["targets"].as_array().into_iter().flatten() {
+        let name = format!("{}/{}", s(&t["provider"]), s(&t["model"]));
+        let cert = &t["certification"];
+        let state = if cert.is_null() {
+            String::new()
+        } else {
+            let st = s(&cert["state"]);
+            let at = cert["certified_at"]
+                .as_str()
+                .map(|a| format!(" at {a}"))
+                .unwrap_or_default();
+            match st.as_str() {
+                "stale" => format!(
+                    "stale{at}: certified for another contract ({}), does not count",
+                    crate::contracts::short_hash(cert["contract_hash"].as_str().unwrap_or(""))
+                ),
+                "never" => "never certified".into(),
+                _ => format!("{st}{at}"),
+            }
+        };
+        let role = if t["primary"] == true {
+            "primary, no certificate needed".to_string()
+        } else if t["failover_allowed"] == true {
+            "failover allowed".to_string()
+        } else {
+            "failover blocked".to_string()
+        };
+        let state = if state.is_empty() {
+            String::new()
+        } else {
+            format!("; {state}")
+        };
+        out.push_str(&format!("  [{}] {name:<32} {role}{state}\n", t["index"]));
+    }
+    out
 }

@@ -74,6 +74,10 @@ pub struct Config {
     #[serde(default)]
     pub jobs: JobsConfig,
     #[serde(default)]
+    pub breaker: BreakerConfig,
+    #[serde(default)]
+    pub contracts: ContractsConfig,
+    #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
@@ -237,6 +241,48 @@ impl Default for JobsConfig {
     }
 }
 
+/// The per-target circuit breaker: `[breaker]` for every provider,
+/// `[providers.breaker]` for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failed calls (connect errors, timeouts, lost
+    /// connections, 429, 5xx) that open a target's circuit; 0 turns the
+    /// breaker off.
+    pub failures: u32,
+    /// How long an open circuit stays open before one probe call may try.
+    #[serde(with = "humantime_serde")]
+    pub cooldown: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            cooldown: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Route contracts and their certifications.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContractsConfig {
+    /// How often the gateway re-reads certifications from the store (an
+    /// `idem certify` run by another process, or another replica's admin
+    /// certify, counts after at most this long).
+    #[serde(with = "humantime_serde")]
+    pub refresh_interval: Duration,
+}
+
+impl Default for ContractsConfig {
+    fn default() -> Self {
+        Self {
+            refresh_interval: Duration::from_secs(10),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
@@ -282,6 +328,14 @@ pub struct ProviderConfig {
     /// Most idle keep-alive connections kept per host.
     #[serde(default = "default_pool_idle")]
     pub pool_max_idle: usize,
+    /// The context window (tokens) of this provider's models, when the
+    /// model family's default is wrong or unknown; a target's own
+    /// `context_window` wins.
+    #[serde(default)]
+    pub context_window: Option<u32>,
+    /// This provider's circuit breaker, instead of `[breaker]`.
+    #[serde(default)]
+    pub breaker: Option<BreakerConfig>,
 }
 
 fn default_provider_timeout() -> Duration {
@@ -301,6 +355,10 @@ pub struct TargetConfig {
     /// pin one; part of the fingerprint so a version change is a new task.
     #[serde(default)]
     pub version: Option<String>,
+    /// The model's context window in tokens, checked by certification;
+    /// default: the provider's `context_window`, else the model family's.
+    #[serde(default)]
+    pub context_window: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -584,6 +642,19 @@ impl Config {
         if self.jobs.reconcile_interval.is_zero() || self.jobs.poll_interval.is_zero() {
             return Err(self.invalid("jobs.reconcile_interval", "intervals must be above zero"));
         }
+        check_breaker(&self.breaker).map_err(|(k, m)| self.invalid(format!("breaker.{k}"), m))?;
+        if self.contracts.refresh_interval < Duration::from_millis(10) {
+            return Err(self.invalid("contracts.refresh_interval", "must be at least 10ms"));
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return Err(self.invalid("log.format", "expected \"text\" or \"json\""));
+        }
+        if self.log.requests.is_empty() {
+            return Err(self.invalid(
+                "log.requests",
+                "expected \"stdout\", \"off\" or a file path",
+            ));
+        }
         let mut seen_keys = HashSet::new();
         for (i, key) in self.admin.api_keys.iter().enumerate() {
             check_key(key).map_err(|m| self.invalid(format!("admin.api_keys[{i}]"), m))?;
@@ -654,6 +725,16 @@ impl Config {
             if provider.timeout.is_zero() {
                 return Err(self.invalid(format!("providers[{p}].timeout"), "must be above zero"));
             }
+            if provider.context_window == Some(0) {
+                return Err(self.invalid(
+                    format!("providers[{p}].context_window"),
+                    "must be above zero",
+                ));
+            }
+            if let Some(b) = &provider.breaker {
+                check_breaker(b)
+                    .map_err(|(k, m)| self.invalid(format!("providers[{p}].breaker.{k}"), m))?;
+            }
         }
 
         let mut route_names = HashSet::new();
@@ -686,6 +767,12 @@ impl Config {
                     return Err(
                         self.invalid(at(&format!("targets[{i}].model")), "must not be empty")
                     );
+                }
+                if target.context_window == Some(0) {
+                    return Err(self.invalid(
+                        at(&format!("targets[{i}].context_window")),
+                        "must be above zero",
+                    ));
                 }
             }
             let c = &route.cache;
@@ -734,6 +821,20 @@ impl Config {
     pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
         self.providers.iter().find(|p| p.name == name)
     }
+
+    /// The breaker settings of a provider: its own, else `[breaker]`.
+    pub fn breaker_for(&self, provider: &str) -> BreakerConfig {
+        self.provider(provider)
+            .and_then(|p| p.breaker)
+            .unwrap_or(self.breaker)
+    }
+}
+
+fn check_breaker(b: &BreakerConfig) -> Result<(), (&'static str, &'static str)> {
+    if b.failures > 0 && b.cooldown.is_zero() {
+        return Err(("cooldown", "must be above zero while failures > 0"));
+    }
+    Ok(())
 }
 
 const NAME_RULE: &str = "names are 1..64 characters of [A-Za-z0-9._-]";
@@ -926,6 +1027,44 @@ targets = [{ provider = "primray", model = "x" }]
         let text = "[[providers]]\nname = \"p\"\nkind = \"mock\"\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p\", model = \"x\" }]\n[routes.cache]\nttl = \"soon\"\n";
         let err = parse(text).unwrap_err().to_string();
         assert!(err.contains("ttl"), "{err}");
+    }
+
+    #[test]
+    fn breaker_contracts_and_context_window_keys() {
+        let text = r#"
+[breaker]
+failures = 2
+cooldown = "5s"
+[contracts]
+refresh_interval = "1s"
+[[providers]]
+name = "a"
+kind = "mock"
+context_window = 4096
+[providers.breaker]
+failures = 7
+cooldown = "1m"
+[[providers]]
+name = "b"
+kind = "mock"
+[[routes]]
+model = "m"
+targets = [{ provider = "a", model = "x", context_window = 1024 }, { provider = "b", model = "y" }]
+"#;
+        let c = parse(text).unwrap();
+        assert_eq!(c.breaker_for("a").failures, 7);
+        assert_eq!(c.breaker_for("b").cooldown, Duration::from_secs(5));
+        assert_eq!(c.contracts.refresh_interval, Duration::from_secs(1));
+        assert_eq!(c.providers[0].context_window, Some(4096));
+        assert_eq!(c.routes[0].targets[0].context_window, Some(1024));
+        let err = parse("[breaker]\nfailures = 3\ncooldown = \"0s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("breaker.cooldown"), "{err}");
+        let err = parse(&text.replace("context_window = 1024", "context_window = 0"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("routes[0].targets[0].context_window"), "{err}");
     }
 
     #[test]

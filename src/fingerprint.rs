@@ -62,6 +62,9 @@ pub struct Rules<'a> {
     pub scope: Scope,
     /// Top-level request fields the route declares as noise.
     pub ignore_fields: &'a [String],
+    /// The hash of the route's contract, if it has one: answers checked
+    /// against another contract are another task.
+    pub contract: Option<&'a str>,
 }
 
 /// The identity of a task: a BLAKE3 hash, printed `v1:<64 hex digits>`.
@@ -294,7 +297,13 @@ fn write_document<W: Write>(
     // The document's own keys are written in sorted order, so the whole
     // document is canonical JSON: every field is delimited and named, which
     // keeps tenant "a" + route "bc" apart from tenant "ab" + route "c".
-    out.write_all(b"{\"request\":")?;
+    out.write_all(b"{")?;
+    if let Some(contract) = rules.contract {
+        out.write_all(b"\"contract\":")?;
+        write_str(contract, out)?;
+        out.write_all(b",")?;
+    }
+    out.write_all(b"\"request\":")?;
     write_object(out, body, skip, |out, key, value| match key {
         "messages" => write_messages(out, value, rules.normalize),
         _ => write_canonical(value, out),
@@ -568,6 +577,7 @@ mod tests {
             provider: "primary".into(),
             model: "gpt-4o-mini".into(),
             version: None,
+            context_window: None,
         }]
     }
 
@@ -579,6 +589,7 @@ mod tests {
             normalize: Normalize::None,
             scope: Scope::Tenant,
             ignore_fields: ignore,
+            contract: None,
         }
     }
 
@@ -636,6 +647,20 @@ mod tests {
     }
 
     #[test]
+    fn the_route_contract_changes_the_task() {
+        let t = targets();
+        let body = obj(json!({"model": "x", "messages": [{"role": "user", "content": "hi"}]}));
+        let mut r = rules(&t, &[]);
+        let none = fingerprint(&body, None, &r);
+        r.contract = Some("c1:aaaa");
+        let a = fingerprint(&body, None, &r);
+        r.contract = Some("c1:bbbb");
+        let b = fingerprint(&body, None, &r);
+        assert_ne!(none, a);
+        assert_ne!(a, b);
+    }
+
+    #[test]
     fn targets_and_versions_change_the_task() {
         let body = obj(chat("hi"));
         let base = targets();
@@ -648,6 +673,7 @@ mod tests {
             provider: "fallback".into(),
             model: "llama".into(),
             version: None,
+            context_window: None,
         });
         let all = [&base, &other_model, &versioned, &two]
             .map(|t| fingerprint(&body, None, &rules(t, &[])));

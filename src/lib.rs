@@ -14,18 +14,24 @@
 //! - [`cache`]: the result and negative caches;
 //! - [`flight`]: one upstream call per fingerprint in flight (leader and
 //!   followers);
-//! - [`providers`]: the upstream call itself; [`answer`] is what it yields,
-//!   and [`sse`] converts it between streamed and plain form.
+//! - [`providers`]: the upstream call itself (and each target's circuit
+//!   breaker); [`answer`] is what it yields, and [`sse`] converts it between
+//!   streamed and plain form;
+//! - [`contracts`]: what a route's answers must satisfy, certification, and
+//!   the rule that sends failover only to certified targets.
 //!
-//! Around them: [`config`], [`metrics`], [`app`] (start-up and shutdown),
-//! [`cli`], the [`demo`], and [`mock_upstream`], the test double for
-//! providers.
+//! Around them: [`config`], [`metrics`], the request log ([`reqlog`]),
+//! [`app`] (start-up and shutdown), [`cli`], the [`demo`], [`analyze`] (what
+//! a request log says about duplicates, TTL and wait window), and
+//! [`mock_upstream`], the test double for providers.
 
+pub mod analyze;
 pub mod answer;
 pub mod app;
 pub mod cache;
 pub mod cli;
 pub mod config;
+pub mod contracts;
 pub mod demo;
 pub mod fingerprint;
 pub mod flight;
@@ -34,6 +40,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod providers;
+pub mod reqlog;
 pub mod routes;
 pub mod sse;
 pub mod store;

@@ -31,8 +31,27 @@ enum Command {
     MockUpstream(idem::mock_upstream::MockArgs),
     /// Print the sha256: form of an API key for the config file.
     HashKey { key: String },
+    /// Duplicates, saved calls, and a TTL and wait window, from a request log.
+    Analyze(idem::analyze::AnalyzeArgs),
     /// Check a configuration file and print its routes.
     Check {
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Certify a route's targets against its contract (default: every
+    /// target but the primary) and record the result; exits non-zero when a
+    /// target fails.
+    Certify {
+        #[arg(long)]
+        route: String,
+        /// A provider name (or provider/model) of the route.
+        #[arg(long)]
+        target: Option<String>,
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// List every route's targets with their certification state.
+    Routes {
         #[arg(long, env = "IDEM_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -63,6 +82,13 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Check { config } => idem::cli::check(config.as_deref()),
+            Command::Certify {
+                route,
+                target,
+                config,
+            } => idem::cli::certify(config.as_deref(), &route, target.as_deref()).await,
+            Command::Routes { config } => idem::cli::routes(config.as_deref()).await,
+            Command::Analyze(args) => idem::analyze::run(args).map_err(Into::into),
         }
     });
     match result {

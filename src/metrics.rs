@@ -125,7 +125,6 @@ pub struct Metrics {
     pub inflight_flights: Gauge,
     pub jobs_unknown: Gauge,
     pub redis_errors: Counter,
-    pub negative_cache_entries: Gauge,
     rate_limited: Counter,
 }
 
@@ -195,7 +194,6 @@ impl Metrics {
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &meta);
         let inflight_flights = gauge("idem_inflight_flights");
         let jobs_unknown = gauge("idem_jobs_unknown");
-        let negative_cache_entries = gauge("idem_negative_cache_entries");
         let redis_errors =
             recorder.register_counter(&Key::from_name("idem_redis_errors_total"), &meta);
         redis_errors.increment(0);
@@ -211,7 +209,6 @@ impl Metrics {
             inflight_flights,
             jobs_unknown,
             redis_errors,
-            negative_cache_entries,
             rate_limited,
         };
         m.describe();
@@ -259,6 +256,10 @@ impl Metrics {
             "idem_redis_errors_total",
             "Redis operations that failed (idem fell back to local coalescing).",
         );
+        d(
+            "idem_rate_limited_total",
+            "Requests refused with 429 by a tenant's rate limit.",
+        );
         self.recorder.describe_histogram(
             "idem_coalesce_wait_seconds".into(),
             Some(metrics::Unit::Seconds),
@@ -274,10 +275,11 @@ impl Metrics {
             None,
             "Attempts in state unknown.".into(),
         );
+
         self.recorder.describe_gauge(
-            "idem_negative_cache_entries".into(),
+            "idem_circuit_state".into(),
             None,
-            "Provider errors held in the negative cache.".into(),
+            "Circuit breaker per target: 0 closed, 1 half-open, 2 open.".into(),
         );
     }
 
@@ -390,6 +392,16 @@ impl Metrics {
         if let Some(r) = self.routes.get(route) {
             r.races.increment(1);
         }
+    }
+
+    /// `idem_circuit_state{provider,model}` (0 closed, 1 half-open, 2 open)
+    /// for one target's breaker.
+    pub fn circuit_gauge(&self, provider: &str, model: &str) -> Gauge {
+        let key = Key::from_parts(
+            "idem_circuit_state",
+            labels(&[("provider", provider), ("model", model)]),
+        );
+        self.recorder.register_gauge(&key, &self.meta())
     }
 
     /// A tenant's request was refused by its token bucket.

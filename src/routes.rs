@@ -1,7 +1,9 @@
 //! Routes: a public model name mapped to its ordered targets and policies,
 //! resolved once at start-up so the request path never looks a provider up
 //! by name. Each route also watches its leaders' latency, from which
-//! `coalesce.max_wait = "auto"` is derived.
+//! `coalesce.max_wait = "auto"` is derived, and carries its compiled
+//! contract; each target carries its circuit breaker and its latest
+//! certification (see [`crate::contracts`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +15,10 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::config::{Config, MaxWait, RouteConfig, TargetConfig};
+use crate::contracts::registry::CertSlot;
+use crate::contracts::{Contract, ContractError};
+use crate::metrics::Metrics;
+use crate::providers::breaker::Breaker;
 use crate::providers::{Provider, Providers};
 
 /// One target of a route: a provider and the model name it is sent.
@@ -21,6 +27,10 @@ pub struct Target {
     pub index: usize,
     pub provider: Arc<Provider>,
     pub model: Arc<str>,
+    /// The health of this provider + model, shared by every route using it.
+    pub breaker: Arc<Breaker>,
+    /// The latest certification of this target for the route's contract.
+    pub certificate: CertSlot,
 }
 
 /// A route, ready for the request path.
@@ -30,6 +40,9 @@ pub struct Route {
     pub config: RouteConfig,
     pub targets: Vec<Target>,
     pub latency: LatencyTracker,
+    /// The route's contract: answers are checked against it, and failover
+    /// goes only to targets certified for its hash.
+    pub contract: Option<Arc<Contract>>,
 }
 
 impl Route {
@@ -75,33 +88,69 @@ pub struct Routes {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("route {route}: provider {provider} is not configured")]
-pub struct RouteError {
-    route: String,
-    provider: String,
+pub enum RouteError {
+    #[error("route {route}: provider {provider} is not configured")]
+    UnknownProvider { route: String, provider: String },
+    #[error("route {route}: {source}")]
+    Contract {
+        route: String,
+        #[source]
+        source: ContractError,
+    },
 }
 
 impl Routes {
-    pub fn from_config(config: &Config, providers: &Providers) -> Result<Routes, RouteError> {
+    /// Resolves every route, loading and compiling its contract (an invalid
+    /// contract file is an error naming the file).
+    pub fn from_config(
+        config: &Config,
+        providers: &Providers,
+        metrics: &Metrics,
+    ) -> Result<Routes, RouteError> {
         let mut routes = Routes::default();
+        let mut breakers: HashMap<(String, String), Arc<Breaker>> = HashMap::new();
         for rc in &config.routes {
             let mut targets = Vec::new();
             for (index, t) in rc.targets.iter().enumerate() {
-                let provider = providers.get(&t.provider).ok_or_else(|| RouteError {
-                    route: rc.model.clone(),
-                    provider: t.provider.clone(),
-                })?;
+                let provider =
+                    providers
+                        .get(&t.provider)
+                        .ok_or_else(|| RouteError::UnknownProvider {
+                            route: rc.model.clone(),
+                            provider: t.provider.clone(),
+                        })?;
+                let breaker = breakers
+                    .entry((t.provider.clone(), t.model.clone()))
+                    .or_insert_with(|| {
+                        Arc::new(Breaker::new(
+                            config.breaker_for(&t.provider),
+                            metrics.circuit_gauge(&t.provider, &t.model),
+                        ))
+                    })
+                    .clone();
                 targets.push(Target {
                     index,
                     provider: provider.clone(),
                     model: Arc::from(t.model.as_str()),
+                    breaker,
+                    certificate: CertSlot::default(),
                 });
             }
+            let contract = match &rc.contract {
+                None => None,
+                Some(path) => Some(Arc::new(Contract::load(path).map_err(|source| {
+                    RouteError::Contract {
+                        route: rc.model.clone(),
+                        source,
+                    }
+                })?)),
+            };
             let route = Arc::new(Route {
                 name: Arc::from(rc.model.as_str()),
                 config: rc.clone(),
                 targets,
                 latency: LatencyTracker::default(),
+                contract,
             });
             routes.by_model.insert(rc.model.clone(), route.clone());
             routes.order.push(route);

@@ -40,6 +40,7 @@ fn check_fingerprints(original: &Value, reparsed: &Value) {
                 normalize,
                 scope,
                 ignore_fields: &[],
+                contract: None,
             };
             assert_eq!(
                 fingerprint(a, None, &rules),

@@ -4,9 +4,11 @@
 //! It first asks the shared layer (Redis, when configured) whether another
 //! replica already has the answer or the flight; otherwise it renews the
 //! flight's lease while it lives, relays the provider's head and body into
-//! the flight as they arrive, writes the result (or the negative) cache
-//! before the flight ends, and ends the flight. Its [`LeaderTicket`] is
-//! dropped on every path, which removes the flight.
+//! the flight as they arrive (on a route with a contract: only once the
+//! whole answer passed it), records the call's outcome in the target's
+//! circuit breaker, writes the result (or the negative) cache before the
+//! flight ends, and ends the flight. Its [`LeaderTicket`] is dropped on
+//! every path, which removes the flight.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -18,6 +20,7 @@ use crate::answer::{Answer, Failure, Form};
 use crate::cache::{ResultCache, jittered_ttl};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
+use crate::providers::breaker::Health;
 use crate::routes::Route;
 
 use super::redis::{Begin, RedisFlights, Remote, SharedError};
@@ -94,6 +97,18 @@ pub async fn lead(job: LeaderJob) {
         a = call => a,
         () = heartbeat => return,
     };
+    if let Some(t) = job.route.targets.get(job.target) {
+        t.breaker.record(Health::of(&answer));
+    }
+    // On a contract route nothing reaches a follower, the cache or a job
+    // before the answer is checked; `call` buffered a streamed answer, which
+    // is released to the flight as one chunk once it passes.
+    if let Some(contract) = &job.route.contract {
+        answer = crate::contracts::enforce(contract, &job.route.name, answer);
+        if answer.is_success() && answer.form == Form::Stream {
+            flight.push(answer.body.clone());
+        }
+    }
 
     let mut answer_ttl = None;
     let mut negative_ttl = None;
@@ -273,7 +288,9 @@ async fn call(
     } else {
         Form::Plain
     };
-    let streaming = form == Form::Stream && reply.status.is_success();
+    // Relay as it arrives, unless the route's contract must see the whole
+    // answer first.
+    let streaming = form == Form::Stream && reply.status.is_success() && route.contract.is_none();
     if streaming {
         // Followers may start relaying now.
         flight.set_head(Head {

@@ -9,7 +9,8 @@
 //! fingerprint follows: it waits, bounded by `coalesce.max_wait`, for the
 //! leader's first byte, then reads the same answer. A failure that the
 //! provider certainly caused moves everybody on to the next target, where
-//! they coalesce again.
+//! they coalesce again, if [`failover::admit`] lets the work go there
+//! (certified for the route's contract, circuit not open).
 
 pub mod leader;
 pub mod redis;
@@ -24,6 +25,7 @@ use serde_json::{Map, Value};
 use crate::answer::{Answer, Verdict};
 use crate::cache::{Lookup, ResultCache};
 use crate::config::OnWaitTimeout;
+use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
 use crate::http::error::ApiError;
 use crate::metrics::{Metrics, Outcome};
@@ -149,7 +151,16 @@ impl Coalescer {
             None => ask.route.targets.iter().collect(),
         };
         let mut last: Option<Delivery> = None;
+        let mut skipped = Vec::new();
         for (pos, target) in targets.iter().enumerate() {
+            // Failover goes only to certified, healthy targets (a job's
+            // attempt names its target, already chosen by the same rule).
+            if ask.only_target.is_none()
+                && let Err(skip) = failover::admit(&self.metrics, ask.route, target)
+            {
+                skipped.push(skip);
+                continue;
+            }
             let mut d = self.via_target(ask, target).await?;
             let answer = match &d.source {
                 Source::Done(a) => a.clone(),
@@ -193,7 +204,10 @@ impl Coalescer {
                 ..d
             });
         }
-        last.ok_or(ApiError::Unavailable("no target"))
+        match last {
+            Some(d) => Ok(d),
+            None => Err(failover::NoTarget(skipped).into_api_error()),
+        }
     }
 
     /// One target: its negative cache, then its flight.

@@ -133,6 +133,12 @@ impl ApiError {
         {
             h.insert(HeaderName::from_static("idem-job-id"), v);
         }
+        // The unread rest of an oversized body makes the connection unusable:
+        // say so, or a keep-alive client sends its next request into a
+        // connection that is closing.
+        if matches!(self, ApiError::PayloadTooLarge { .. }) {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if matches!(self, ApiError::Unauthorized) {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }

@@ -17,6 +17,7 @@ use super::openai::{content_length, fingerprint_of};
 use super::validate;
 use super::{AppState, Caller};
 use crate::jobs::{IDEM_JOB_ID, IDEMPOTENT_REPLAYED, idempotency_key, job_json};
+use crate::reqlog::Entry;
 use crate::store::{AttemptState, Completion, Cursor, JobRecord, JobState, now_ms};
 
 /// Job ids are UUIDs; anything else cannot name a job.
@@ -86,15 +87,11 @@ pub async fn create(
     if !created.new {
         h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
-    tracing::info!(
-        target: "idem::request",
-        tenant = %tenant,
-        route = %route.name,
-        fingerprint = %fp,
-        job = %created.job.id,
-        outcome = if created.new { "created" } else { "replay" },
-        status = status.as_u16(),
-        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+    let outcome = if created.new { "created" } else { "replay" };
+    app.reqlog.write(
+        &Entry::new(&tenant, &route.name, &fp, outcome, status.as_u16(), started)
+            .job(&created.job.id, created.job.completed_by)
+            .body(&req.body),
     );
     Ok(resp)
 }

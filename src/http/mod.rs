@@ -1,8 +1,10 @@
 //! The HTTP surface: the router, the shared state handlers see, and the
 //! caller's identity. Handlers live in one file per area: `openai` (chat
 //! completions, models), `jobs` (the jobs API), `ops` (health, metrics,
-//! stats); `error` renders every failure, `validate` checks bodies.
+//! stats), `admin` (certification, routes); `error` renders every failure,
+//! `validate` checks bodies.
 
+pub mod admin;
 pub mod error;
 pub mod jobs;
 pub mod openai;
@@ -25,6 +27,7 @@ use crate::flight::Coalescer;
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
 use crate::providers::Providers;
+use crate::reqlog::RequestLog;
 use crate::routes::Routes;
 use crate::store::Store;
 use crate::tenants::{Keyring, Principal};
@@ -42,6 +45,7 @@ pub struct Shared {
     pub store: Arc<dyn Store>,
     pub jobs: Arc<Jobs>,
     pub limits: Limits,
+    pub reqlog: RequestLog,
 }
 
 #[derive(Clone)]
@@ -128,6 +132,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}/attempts/{n}/resolve", post(jobs::resolve))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/stats", get(ops::stats))
+        .route("/v1/admin/certify", post(admin::certify))
+        .route("/v1/admin/routes", get(admin::routes))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

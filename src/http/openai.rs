@@ -27,6 +27,7 @@ use crate::answer::{Answer, Form};
 use crate::fingerprint::{self, Fingerprint, Rules};
 use crate::flight::{Ask, Delivery, Flight, Source};
 use crate::metrics::Outcome;
+use crate::reqlog::Entry;
 use crate::routes::Route;
 
 pub const IDEM_OUTCOME: HeaderName = HeaderName::from_static("idem-outcome");
@@ -78,31 +79,31 @@ pub async fn chat_completions(
         Err(e) => {
             let mut resp = e.into_response();
             decorate(resp.headers_mut(), Outcome::Follower, &fp, None);
-            log_request(
-                &tenant,
-                &route,
-                &fp,
-                "follower",
-                resp.status(),
-                started,
-                None,
+            let status = resp.status().as_u16();
+            app.reqlog.write(
+                &Entry::new(&tenant, &route.name, &fp, "follower", status, started).body(&req.body),
             );
             return Ok(resp);
         }
     };
     app.metrics.request(&tenant, &route.name, delivery.outcome);
     let resp = respond(&delivery, &fp, req.stream, req.include_usage).await;
-    log_request(
-        &tenant,
-        &route,
-        &fp,
-        delivery.outcome.as_str(),
-        resp.status(),
-        started,
-        match &delivery.source {
-            Source::Done(a) => Some(a.clone()),
-            Source::Live(f) => f.answer(),
-        },
+    let answer = match &delivery.source {
+        Source::Done(a) => Some(a.clone()),
+        Source::Live(f) => f.answer(),
+    };
+    let outcome = delivery.outcome.as_str();
+    app.reqlog.write(
+        &Entry::new(
+            &tenant,
+            &route.name,
+            &fp,
+            outcome,
+            resp.status().as_u16(),
+            started,
+        )
+        .answer(answer.as_deref())
+        .body(&req.body),
     );
     Ok(resp)
 }
@@ -141,6 +142,7 @@ pub fn fingerprint_of(
         normalize: route.config.normalize,
         scope: route.config.scope,
         ignore_fields: &route.config.ignore_fields,
+        contract: route.contract.as_ref().map(|c| c.hash.as_str()),
     };
     fingerprint::fingerprint(&req.body, user, &rules)
 }
@@ -328,37 +330,6 @@ fn concat(chunks: Vec<Bytes>) -> Bytes {
         buf.extend_from_slice(&c);
     }
     buf.freeze()
-}
-
-/// One structured line per request (contents and keys never included).
-pub fn log_request(
-    tenant: &str,
-    route: &Route,
-    fp: &Fingerprint,
-    outcome: &str,
-    status: StatusCode,
-    started: Instant,
-    answer: Option<Arc<Answer>>,
-) {
-    let (upstream_ms, prompt_tokens, completion_tokens) = match answer.as_deref() {
-        Some(a) => {
-            let (p, c) = a.usage().unwrap_or((0, 0));
-            (a.upstream_latency.as_secs_f64() * 1000.0, p, c)
-        }
-        None => (0.0, 0, 0),
-    };
-    tracing::info!(
-        target: "idem::request",
-        tenant,
-        route = %route.name,
-        fingerprint = %fp,
-        outcome,
-        status = status.as_u16(),
-        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-        upstream_ms,
-        prompt_tokens,
-        completion_tokens,
-    );
 }
 
 /// `GET /v1/models`: the routes' public model names.

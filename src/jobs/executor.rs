@@ -10,6 +10,9 @@
 //! With `attempts.hedge_after`, a second attempt starts on the next allowed
 //! target while the first is still in flight; whichever finishes first
 //! completes the job by compare-and-swap, and the other is discarded.
+//! "Allowed" is [`failover`]'s rule: on a route with a contract, failover
+//! and hedges go only to targets certified for its current hash, and never
+//! to a target whose circuit is open.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::answer::{Answer, Verdict};
+use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
 use crate::flight::{Ask, Source};
 use crate::http::AppState;
@@ -91,10 +95,11 @@ async fn worker(app: AppState, shutdown: CancellationToken) {
     }
 }
 
-/// The targets automatic attempts may use, in order. The primary is the
-/// operator's choice; the others are failover targets.
+/// The targets automatic attempts may use, in order, health aside. The
+/// primary is the operator's choice; on a route with a contract the others
+/// must be certified for its current hash (see [`failover`]).
 pub fn allowed_targets(_app: &AppState, route: &Route) -> Vec<usize> {
-    route.targets.iter().map(|t| t.index).collect()
+    failover::failover_set(route)
 }
 
 /// Runs one claimed job until it is completed, held, or out of attempts.
@@ -135,18 +140,35 @@ async fn run_job(app: &AppState, job: JobRecord) {
     };
 
     let policy = &route.config.attempts;
-    let allowed = allowed_targets(app, &route);
     let mut last = String::from("no attempt was made");
+    // Failovers that were not allowed, for the job's error.
+    let mut blocked: Vec<String> = Vec::new();
     for i in 0..policy.max {
-        let target = allowed[i as usize % allowed.len()];
-        let hedge = policy.hedge_after.and_then(|after| {
-            allowed
-                .iter()
-                .copied()
-                .find(|t| *t != target)
-                .map(|t| (after, t))
-        });
-        match run_round(app, &job, &route, &request, fp, target, hedge).await {
+        let round = match failover::attempt_target(&app.metrics, &route, i as usize) {
+            Ok(target) => {
+                // Attempt i would have gone to target i mod n: anything
+                // skipped on the way was a refused failover.
+                let natural = i as usize % route.targets.len().max(1);
+                if target != natural
+                    && let Some(t) = route.targets.get(natural)
+                    && !failover::certified_for_failover(&route, t)
+                {
+                    let why = format!(
+                        "failover to {}/{} blocked: not certified for the route's contract",
+                        t.provider.name, t.model
+                    );
+                    if !blocked.contains(&why) {
+                        blocked.push(why);
+                    }
+                }
+                run_round(app, &job, &route, &request, fp, target, policy.hedge_after).await
+            }
+            Err(none) => {
+                tracing::warn!(job = %job.id, route = %route.name, reason = %none, "no target may take the attempt");
+                Round::Failed(none.to_string())
+            }
+        };
+        match round {
             Round::Completed | Round::Held | Round::Closed => {
                 app.jobs.changed(&job.id);
                 return;
@@ -157,7 +179,12 @@ async fn run_job(app: &AppState, job: JobRecord) {
             tokio::time::sleep(backoff(policy.backoff_base, policy.backoff_max, i)).await;
         }
     }
-    fail(format!("all {} attempts failed; last: {last}", policy.max)).await;
+    let mut reason = format!("all {} attempts failed; last: {last}", policy.max);
+    for b in blocked {
+        reason.push_str("; ");
+        reason.push_str(&b);
+    }
+    fail(reason).await;
 }
 
 /// Exponential backoff with full jitter: uniform in [0, min(max, base * 2^i)].
@@ -182,13 +209,13 @@ async fn run_round(
     request: &Arc<Map<String, Value>>,
     fp: Fingerprint,
     target: usize,
-    hedge: Option<(Duration, usize)>,
+    hedge_after: Option<Duration>,
 ) -> Round {
     let first = match start(app, job, route, request, fp, target, false).await {
         Ok(rx) => rx,
         Err(round) => return round,
     };
-    let Some((after, hedge_target)) = hedge else {
+    let Some(after) = hedge_after else {
         return round_of(&[first.await.ok()]);
     };
     let mut first = first;
@@ -199,6 +226,15 @@ async fn run_round(
     if let Some(end) = early {
         return round_of(&[end]);
     }
+    // Chosen only now, so a refused hedge is counted when it would have
+    // gone, and a half-open circuit's probe is taken only if used.
+    let hedge_target = match failover::hedge_target(&app.metrics, route, target) {
+        Ok(t) => t,
+        Err(none) => {
+            tracing::info!(job = %job.id, route = %route.name, reason = %none, "first attempt still in flight: no target to hedge to");
+            return round_of(&[first.await.ok()]);
+        }
+    };
     tracing::info!(job = %job.id, route = %route.name, "first attempt still in flight: hedging");
     let second = match start(app, job, route, request, fp, hedge_target, true).await {
         Ok(rx) => rx,
@@ -328,6 +364,10 @@ impl AttemptCtx {
             }))
         };
         let cfg = &self.route.config;
+        // A follower attempt may wait for its leader as long as a late
+        // answer still counts; the attempt timeout below decides when the
+        // attempt becomes unknown, without abandoning the call.
+        let late = policy.late_result_window.max(policy.timeout);
         let ask = Ask {
             tenant: &self.tenant,
             route: &self.route,
@@ -338,47 +378,42 @@ impl AttemptCtx {
             write_cache: true,
             coalesce: cfg.coalesce.enabled,
             only_target: Some(self.target),
-            max_wait: Some(policy.timeout),
+            max_wait: Some(late),
         };
-        let delivery = match tokio::time::timeout_at(deadline.into(), app.coalescer.obtain(&ask))
-            .await
-        {
-            Ok(Ok(d)) => d,
-            Ok(Err(ApiError::WaitTimeout { .. })) | Err(_) => {
-                drop(lease_keeper);
+        let work = async {
+            let delivery = app.coalescer.obtain(&ask).await?;
+            if let Source::Live(flight) = &delivery.source
+                && flight.head(None).await.is_some()
+            {
+                let _ = app.jobs.store.attempt_running(&a.job_id, a.n).await;
+            }
+            Ok::<_, ApiError>(delivery.answer().await)
+        };
+        tokio::pin!(work);
+        let outcome = tokio::time::timeout_at(deadline.into(), &mut work).await;
+        drop(lease_keeper);
+        match outcome {
+            Ok(Ok(answer)) => {
+                let end = self.settle(&answer).await;
+                let _ = tx.send(end);
+            }
+            Ok(Err(ApiError::WaitTimeout { .. })) => {
                 let end = self.settle_unknown("timeout").await;
                 let _ = tx.send(end);
-                return;
             }
             Ok(Err(e)) => {
-                drop(lease_keeper);
                 tracing::error!(job = %a.job_id, attempt = a.n, error = %e, "attempt could not run");
                 let end = self.settle_failed("internal_error").await;
-                let _ = tx.send(end);
-                return;
-            }
-        };
-        if let Source::Live(flight) = &delivery.source
-            && tokio::time::timeout_at(deadline.into(), flight.head(None))
-                .await
-                .is_ok()
-        {
-            let _ = app.jobs.store.attempt_running(&a.job_id, a.n).await;
-        }
-        match tokio::time::timeout_at(deadline.into(), delivery.answer()).await {
-            Ok(answer) => {
-                drop(lease_keeper);
-                let end = self.settle(&answer).await;
                 let _ = tx.send(end);
             }
             Err(_) => {
                 // Past the attempt timeout the provider may still be doing
-                // the work: unknown, and keep listening for a late answer.
-                drop(lease_keeper);
+                // the work: unknown, and keep listening for a late answer
+                // (the same call, never a new one).
                 let end = self.settle_unknown("timeout").await;
                 let _ = tx.send(end);
-                let window = policy.late_result_window.saturating_sub(policy.timeout);
-                if let Ok(answer) = tokio::time::timeout(window, delivery.answer()).await {
+                let window = late.saturating_sub(policy.timeout);
+                if let Ok(Ok(answer)) = tokio::time::timeout(window, &mut work).await {
                     self.settle_late(&answer).await;
                 }
             }

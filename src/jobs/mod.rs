@@ -24,9 +24,10 @@ use crate::answer::{Answer, Form};
 use crate::fingerprint::{self, Fingerprint, Rules};
 use crate::http::AppState;
 use crate::http::error::ApiError;
-use crate::http::openai::{decorate, log_request, render};
+use crate::http::openai::{decorate, render};
 use crate::http::validate::ChatRequest;
 use crate::metrics::Outcome;
+use crate::reqlog::Entry;
 use crate::routes::Route;
 use crate::store::{AttemptRecord, Created, JobRecord, JobState, NewJob, Store, now_ms};
 
@@ -75,6 +76,7 @@ pub fn payload_hash(
         normalize: crate::config::Normalize::None,
         scope: route.config.scope,
         ignore_fields: &route.config.ignore_fields,
+        contract: route.contract.as_ref().map(|c| c.hash.as_str()),
     };
     let fp = fingerprint::fingerprint(request, None, &rules);
     let mut hasher = blake3::Hasher::new();
@@ -268,14 +270,12 @@ impl Jobs {
         if replayed {
             h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
         }
-        log_request(
-            tenant,
-            route,
-            &fp,
-            outcome.as_str(),
-            resp.status(),
-            started,
-            None,
+        let status = resp.status().as_u16();
+        app.reqlog.write(
+            &Entry::new(tenant, &route.name, &fp, outcome.as_str(), status, started)
+                .job(&job.id, job.completed_by)
+                .answer(Some(&answer))
+                .body(&req.body),
         );
         Ok(resp)
     }

@@ -9,6 +9,8 @@
 //! a [`CallError`] whose variant says whether the provider may have done the
 //! work (SPEC section 5: `failed` versus `unknown`).
 
+pub mod breaker;
+
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;

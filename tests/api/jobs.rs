@@ -638,3 +638,43 @@ async fn cancel_and_list() {
     let (status, _) = app.get_json(ACME, "/v1/jobs?state=bogus").await;
     assert_eq!(status, 400);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_answer_within_the_window_still_completes_the_job() {
+    let app = TestApp::with(Spec {
+        attempts: "timeout = \"300ms\"\nlate_result_window = \"1m\"\n".into(),
+        ..holding()
+    })
+    .await;
+    // Two jobs with one payload: the second attempt follows the first's call.
+    let a: Value = create(&app, ACME, "late-a", &job_request("slow but sure"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let b: Value = create(&app, ACME, "late-b", &job_request("slow but sure"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let (a, b) = (
+        a["id"].as_str().unwrap().to_string(),
+        b["id"].as_str().unwrap().to_string(),
+    );
+    held(&app.mock, 1).await;
+    for id in [&a, &b] {
+        let j = job_until(&app, ACME, id, |j| j["attempts"][0]["state"] == "unknown").await;
+        assert_eq!(j["state"], "running");
+    }
+    // The provider answers late: both jobs complete with that one answer.
+    release(&app.mock, None).await;
+    let ja = job_until(&app, ACME, &a, state_is("succeeded")).await;
+    let jb = job_until(&app, ACME, &b, state_is("succeeded")).await;
+    for j in [&ja, &jb] {
+        assert_eq!(j["completed_by"], 1);
+        assert_eq!(j["attempts"][0]["state"], "succeeded");
+        assert_eq!(j["attempts"].as_array().unwrap().len(), 1);
+    }
+    assert_eq!(ja["result"], jb["result"]);
+    assert_eq!(app.calls(), 1);
+}

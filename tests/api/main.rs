@@ -8,9 +8,12 @@
     reason = "test code: a failed unwrap is a failed test"
 )]
 
+mod analyze;
 mod coalescing;
+mod contracts;
 mod gateway;
 mod helpers;
 mod hostile;
 mod jobs;
+mod ops;
 mod replicas;

@@ -1,0 +1,198 @@
+//! Certified failover: the one rule that decides whether automatic work
+//! (a failover, a retry on another target, a hedge) may go to a target.
+//!
+//! - The primary (the first target) is the operator's explicit choice and
+//!   needs no certificate.
+//! - On a route with a contract, every other target must hold a passed
+//!   certification for the contract's current hash; an uncertified target is
+//!   skipped, counted (`idem_failover_blocked_total{route}`) and logged.
+//! - On a route without a contract, any target may take the work (today's
+//!   behaviour: nothing says its answers differ).
+//! - A target whose circuit breaker is open is skipped (not counted as a
+//!   blocked failover: it is a health decision, not a safety one).
+//!
+//! The job executor asks [`attempt_target`] and [`hedge_target`]; plain
+//! chat completions ask [`admit`] for each target as the coalescer walks the
+//! route.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+
+use crate::http::error::ApiError;
+use crate::metrics::Metrics;
+use crate::providers::breaker::Admit;
+use crate::routes::{Route, Target};
+
+/// Why a target was passed over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    /// Not certified for the route's current contract hash.
+    Uncertified { contract: String },
+    /// Its circuit is open; a probe may go after `retry_in`.
+    CircuitOpen { retry_in: Duration },
+}
+
+/// A target that was passed over, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub index: usize,
+    pub provider: Arc<str>,
+    pub model: Arc<str>,
+    pub skip: Skip,
+}
+
+impl fmt::Display for Skipped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (p, m) = (&self.provider, &self.model);
+        match &self.skip {
+            Skip::Uncertified { contract } => write!(
+                f,
+                "failover to {p}/{m} blocked: not certified for the route's contract {}",
+                super::short_hash(contract)
+            ),
+            Skip::CircuitOpen { retry_in } => write!(
+                f,
+                "{p}/{m} skipped: circuit open (a probe may go in {}s)",
+                retry_in.as_secs().max(1)
+            ),
+        }
+    }
+}
+
+/// No target may take the work now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoTarget(pub Vec<Skipped>);
+
+impl fmt::Display for NoTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("no target may take this request")?;
+        for (i, s) in self.0.iter().enumerate() {
+            f.write_str(if i == 0 { ": " } else { "; " })?;
+            write!(f, "{s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl NoTarget {
+    /// Seconds until the first open circuit lets a probe through.
+    pub fn retry_after(&self) -> Option<u64> {
+        self.0
+            .iter()
+            .filter_map(|s| match s.skip {
+                Skip::CircuitOpen { retry_in } => Some(retry_in.as_secs().max(1)),
+                Skip::Uncertified { .. } => None,
+            })
+            .min()
+    }
+
+    /// 503 `no_target_available`; the message names targets and reasons
+    /// (no addresses, no internals).
+    pub fn into_api_error(self) -> ApiError {
+        ApiError::Upstream {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: self.to_string(),
+            code: "no_target_available",
+            retry_after: self.retry_after(),
+        }
+    }
+}
+
+/// May failover work go to `target` at all (ignoring its health)? The
+/// primary always; on a contract route only a target certified for the
+/// contract's current hash.
+pub fn certified_for_failover(route: &Route, target: &Target) -> bool {
+    match &route.contract {
+        None => true,
+        Some(_) if target.index == 0 => true,
+        Some(c) => target.certificate.valid_for(&c.hash),
+    }
+}
+
+/// May automatic work go to `target` now? Certification first (a blocked
+/// failover is counted and logged), then the breaker, which hands out its
+/// probe when half-open: call this only for the target about to be used.
+pub fn admit(metrics: &Metrics, route: &Route, target: &Target) -> Result<(), Skipped> {
+    let skipped = |skip| Skipped {
+        index: target.index,
+        provider: target.provider.name.clone(),
+        model: target.model.clone(),
+        skip,
+    };
+    if !certified_for_failover(route, target) {
+        let contract = route
+            .contract
+            .as_ref()
+            .map(|c| c.hash.clone())
+            .unwrap_or_default();
+        metrics.failover_blocked(&route.name);
+        tracing::warn!(
+            route = %route.name,
+            provider = %target.provider.name,
+            model = %target.model,
+            contract = super::short_hash(&contract),
+            "failover blocked: the target is not certified for the route's contract"
+        );
+        return Err(skipped(Skip::Uncertified { contract }));
+    }
+    match target.breaker.admit() {
+        Admit::Yes => Ok(()),
+        Admit::Probe => {
+            tracing::info!(route = %route.name, provider = %target.provider.name, model = %target.model, "circuit half-open: sending the probe");
+            Ok(())
+        }
+        Admit::No { retry_in } => {
+            tracing::info!(route = %route.name, provider = %target.provider.name, model = %target.model, "circuit open: target skipped");
+            Err(skipped(Skip::CircuitOpen { retry_in }))
+        }
+    }
+}
+
+/// The targets automatic attempts may use on `route`, in order (health
+/// aside): the primary, then the certified ones.
+pub fn failover_set(route: &Route) -> Vec<usize> {
+    route
+        .targets
+        .iter()
+        .filter(|t| certified_for_failover(route, t))
+        .map(|t| t.index)
+        .collect()
+}
+
+/// The target of automatic attempt number `i` (from 0): the route's targets
+/// take turns (`i` mod their number); a target that may not take the work
+/// is skipped for the next one, wrapping around.
+pub fn attempt_target(metrics: &Metrics, route: &Route, i: usize) -> Result<usize, NoTarget> {
+    let n = route.targets.len();
+    let mut skipped = Vec::new();
+    for k in 0..n {
+        let Some(t) = route.targets.get((i + k) % n.max(1)) else {
+            break;
+        };
+        match admit(metrics, route, t) {
+            Ok(()) => return Ok(t.index),
+            Err(s) => skipped.push(s),
+        }
+    }
+    Err(NoTarget(skipped))
+}
+
+/// The target of a hedge beside an attempt on `first`: the next target
+/// after it that may take the work, never `first` itself.
+pub fn hedge_target(metrics: &Metrics, route: &Route, first: usize) -> Result<usize, NoTarget> {
+    let n = route.targets.len();
+    let mut skipped = Vec::new();
+    for k in 1..n {
+        let Some(t) = route.targets.get((first + k) % n) else {
+            break;
+        };
+        match admit(metrics, route, t) {
+            Ok(()) => return Ok(t.index),
+            Err(s) => skipped.push(s),
+        }
+    }
+    Err(NoTarget(skipped))
+}

@@ -1,0 +1,386 @@
+//! The request log: one structured line per chat completion and per job
+//! creation, written at the end of the handler, after the answer's head is
+//! known (SPEC section 7).
+//!
+//! Its fields are a public interface (the README's "Request log" lists
+//! them, and `idem analyze` reads them back), so they are named once, in
+//! [`Line`], and every destination carries the same set. `[log] requests`
+//! picks the destination: `stdout` sends each line through `tracing` as an
+//! event of target `idem::request` (formatted by `[log] format` like every
+//! other log line), `off` drops it, and anything else is a file path that
+//! gets JSON lines appended by a writer thread, so a slow disk never holds
+//! a request up. Keys never reach this module: an [`Entry`] has no field
+//! for headers, and the request's `messages` are copied only when
+//! `[log] bodies = true`.
+
+use std::fs::OpenOptions;
+use std::io::{BufWriter, Write};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use tracing_appender::non_blocking::{NonBlocking, NonBlockingBuilder, WorkerGuard};
+
+use crate::answer::Answer;
+use crate::config::LogConfig;
+use crate::fingerprint::Fingerprint;
+
+/// Lines the file writer may hold before it drops new ones rather than
+/// make a request wait for the disk.
+const BUFFERED_LINES: usize = 128_000;
+
+/// The request log could not be opened at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestLogError {
+    #[error("log.requests: cannot open {path} for appending: {source}")]
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Where request lines go, chosen once at start-up.
+pub struct RequestLog {
+    sink: Sink,
+    bodies: bool,
+}
+
+enum Sink {
+    Off,
+    Tracing,
+    /// JSON lines appended by a writer thread. The guard flushes what is
+    /// still queued when the gateway's state is dropped.
+    File {
+        writer: NonBlocking,
+        _guard: WorkerGuard,
+    },
+}
+
+impl std::fmt::Debug for RequestLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sink = match self.sink {
+            Sink::Off => "off",
+            Sink::Tracing => "stdout",
+            Sink::File { .. } => "file",
+        };
+        f.debug_struct("RequestLog")
+            .field("sink", &sink)
+            .field("bodies", &self.bodies)
+            .finish()
+    }
+}
+
+impl RequestLog {
+    /// `[log] requests`: `stdout`, `off`, or a file path (relative to the
+    /// working directory), opened for appending and created if missing.
+    pub fn from_config(config: &LogConfig) -> Result<RequestLog, RequestLogError> {
+        let sink = match config.requests.as_str() {
+            "off" => Sink::Off,
+            "stdout" => Sink::Tracing,
+            path => {
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|source| RequestLogError::Open {
+                        path: path.to_string(),
+                        source,
+                    })?;
+                // The worker flushes whenever its queue runs dry, so the
+                // buffer only batches bursts into fewer writes.
+                let (writer, guard) = NonBlockingBuilder::default()
+                    .lossy(true)
+                    .buffered_lines_limit(BUFFERED_LINES)
+                    .thread_name("idem-request-log")
+                    .finish(BufWriter::with_capacity(64 * 1024, file));
+                Sink::File {
+                    writer,
+                    _guard: guard,
+                }
+            }
+        };
+        Ok(RequestLog {
+            sink,
+            bodies: config.bodies,
+        })
+    }
+
+    /// A log that writes nothing.
+    pub fn off() -> RequestLog {
+        RequestLog {
+            sink: Sink::Off,
+            bodies: false,
+        }
+    }
+
+    /// Writes one request's line. Never blocks on I/O: the file writer
+    /// queues the line (and drops it if its queue is full).
+    pub fn write(&self, entry: &Entry<'_>) {
+        match &self.sink {
+            Sink::Off => {}
+            Sink::Tracing => self.to_tracing(entry),
+            Sink::File { writer, .. } => {
+                let line = Line::new(entry, self.bodies);
+                let mut bytes = Vec::with_capacity(320);
+                if serde_json::to_writer(&mut bytes, &line).is_ok() {
+                    bytes.push(b'\n');
+                    // One write call is one queued message, so lines from
+                    // concurrent requests never interleave.
+                    let _ = writer.clone().write_all(&bytes);
+                }
+            }
+        }
+    }
+
+    fn to_tracing(&self, entry: &Entry<'_>) {
+        let line = Line::new(entry, self.bodies);
+        let messages = line
+            .messages
+            .map(|m| serde_json::to_string(m).unwrap_or_default());
+        tracing::info!(
+            target: "idem::request",
+            time = %line.time,
+            tenant = line.tenant,
+            route = line.route,
+            fingerprint = %line.fingerprint,
+            outcome = line.outcome,
+            job = line.job,
+            attempt = line.attempt,
+            status = line.status,
+            latency_ms = line.latency_ms,
+            upstream_ms = line.upstream_ms,
+            prompt_tokens = line.prompt_tokens,
+            completion_tokens = line.completion_tokens,
+            messages = messages.as_deref(),
+        );
+    }
+}
+
+/// What one request did, as its handler knows it. Build it with
+/// [`Entry::new`] and the optional parts.
+#[derive(Debug, Clone)]
+pub struct Entry<'a> {
+    /// When the request arrived (not when the line is written).
+    pub arrived: SystemTime,
+    pub tenant: &'a str,
+    pub route: &'a str,
+    pub fingerprint: &'a Fingerprint,
+    pub outcome: &'a str,
+    pub job: Option<&'a str>,
+    pub attempt: Option<i32>,
+    pub status: u16,
+    pub latency: Duration,
+    /// The answer the request received, if any (for its upstream duration
+    /// and token counts).
+    pub answer: Option<&'a Answer>,
+    /// The request body (only its `messages`, and only with `bodies`).
+    pub body: Option<&'a Map<String, Value>>,
+}
+
+impl<'a> Entry<'a> {
+    /// A request that started at `started` and ends now.
+    pub fn new(
+        tenant: &'a str,
+        route: &'a str,
+        fingerprint: &'a Fingerprint,
+        outcome: &'a str,
+        status: u16,
+        started: Instant,
+    ) -> Entry<'a> {
+        let latency = started.elapsed();
+        let now = SystemTime::now();
+        Entry {
+            arrived: now.checked_sub(latency).unwrap_or(now),
+            tenant,
+            route,
+            fingerprint,
+            outcome,
+            job: None,
+            attempt: None,
+            status,
+            latency,
+            answer: None,
+            body: None,
+        }
+    }
+
+    /// The job path: the job and the attempt that completed it, if any.
+    pub fn job(mut self, id: &'a str, attempt: Option<i32>) -> Self {
+        self.job = Some(id);
+        self.attempt = attempt;
+        self
+    }
+
+    pub fn answer(mut self, answer: Option<&'a Answer>) -> Self {
+        self.answer = answer;
+        self
+    }
+
+    pub fn body(mut self, body: &'a Map<String, Value>) -> Self {
+        self.body = Some(body);
+        self
+    }
+}
+
+/// One line of the request log: the stable field names, in order.
+#[derive(Debug, Serialize)]
+pub struct Line<'a> {
+    /// Arrival time, RFC 3339 in UTC with milliseconds.
+    pub time: String,
+    pub tenant: &'a str,
+    pub route: &'a str,
+    /// `v1:<64 hex>`.
+    pub fingerprint: String,
+    /// `leader`, `follower`, `cache-hit`, `negative-hit`, `bypass`,
+    /// `replay`; for `POST /v1/jobs`: `created` or `replay`.
+    pub outcome: &'a str,
+    /// Job id, on the job path only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<&'a str>,
+    /// The attempt that completed the job, on the job path only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i32>,
+    /// HTTP status of the answer.
+    pub status: u16,
+    /// From arrival until the answer's head was ready.
+    pub latency_ms: f64,
+    /// The upstream call whose answer this request received (the leader's
+    /// call for followers and cache hits); 0 without one.
+    pub upstream_ms: f64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// The request's `messages`, only with `[log] bodies = true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Option<&'a Value>,
+}
+
+impl<'a> Line<'a> {
+    pub fn new(e: &Entry<'a>, bodies: bool) -> Line<'a> {
+        let (upstream, (prompt_tokens, completion_tokens)) = match e.answer {
+            Some(a) => (a.upstream_latency, a.usage().unwrap_or((0, 0))),
+            None => (Duration::ZERO, (0, 0)),
+        };
+        Line {
+            time: humantime::format_rfc3339_millis(e.arrived).to_string(),
+            tenant: e.tenant,
+            route: e.route,
+            fingerprint: e.fingerprint.to_string(),
+            outcome: e.outcome,
+            job: e.job,
+            attempt: e.attempt,
+            status: e.status,
+            latency_ms: millis(e.latency),
+            upstream_ms: millis(upstream),
+            prompt_tokens,
+            completion_tokens,
+            messages: if bodies {
+                e.body.and_then(|b| b.get("messages"))
+            } else {
+                None
+            },
+        }
+    }
+}
+
+/// Milliseconds with microsecond precision (three decimals).
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body() -> Map<String, Value> {
+        match json!({"model": "m", "messages": [{"role": "user", "content": "secret plan"}]}) {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_line_has_the_stable_fields_and_no_contents_by_default() {
+        let fp = Fingerprint::from_bytes([7; 32]);
+        let b = body();
+        let e = Entry::new("acme", "bot", &fp, "leader", 200, Instant::now()).body(&b);
+        let v = serde_json::to_value(Line::new(&e, false)).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "time",
+                "tenant",
+                "route",
+                "fingerprint",
+                "outcome",
+                "status",
+                "latency_ms",
+                "upstream_ms",
+                "prompt_tokens",
+                "completion_tokens"
+            ]
+        );
+        assert!(!v.to_string().contains("secret plan"));
+        let time = v["time"].as_str().unwrap();
+        assert!(humantime::parse_rfc3339(time).is_ok(), "{time}");
+        assert_eq!(time.len(), "2025-01-01T00:00:00.000Z".len(), "{time}");
+        assert_eq!(v["fingerprint"], fp.to_string());
+    }
+
+    #[test]
+    fn the_job_path_and_bodies_add_their_fields() {
+        let fp = Fingerprint::from_bytes([1; 32]);
+        let b = body();
+        let e = Entry::new("acme", "bot", &fp, "created", 201, Instant::now())
+            .job("0193-job", Some(2))
+            .body(&b);
+        let v = serde_json::to_value(Line::new(&e, true)).unwrap();
+        assert_eq!(v["job"], "0193-job");
+        assert_eq!(v["attempt"], 2);
+        assert_eq!(v["messages"][0]["content"], "secret plan");
+    }
+
+    #[test]
+    fn a_file_destination_appends_json_lines() {
+        let dir = std::env::temp_dir().join(format!("idem-reqlog-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("requests.jsonl");
+        std::fs::write(&path, "{\"earlier\":true}\n").unwrap();
+        let config = LogConfig {
+            requests: path.display().to_string(),
+            ..LogConfig::default()
+        };
+        let log = RequestLog::from_config(&config).unwrap();
+        let fp = Fingerprint::from_bytes([2; 32]);
+        for _ in 0..3 {
+            log.write(&Entry::new(
+                "acme",
+                "bot",
+                &fp,
+                "cache-hit",
+                200,
+                Instant::now(),
+            ));
+        }
+        drop(log); // the guard flushes the queue
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        for l in &lines[1..] {
+            let v: Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["outcome"], "cache-hit");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_unopenable_file_names_the_key() {
+        let config = LogConfig {
+            requests: "/nonexistent-dir/for/idem/requests.jsonl".into(),
+            ..LogConfig::default()
+        };
+        let e = RequestLog::from_config(&config).unwrap_err();
+        assert!(e.to_string().starts_with("log.requests:"), "{e}");
+    }
+}

@@ -1,0 +1,504 @@
+//! The request log as a gateway writes it, and `idem analyze` over it: a
+//! seeded 100,000-request log of known duplicate structure whose figures
+//! are known exactly, and the real gateway's file and stdout logs read back
+//! by the real binary.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use idem::analyze::report::Verdict;
+use idem::analyze::{Options, RawRules, Report, ReportOptions, Wait, analyze_files};
+use idem::app::App;
+use idem::config::{Config, Source};
+use idem::fingerprint::Fingerprint;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+const MS: u64 = 1;
+const S: u64 = 1000;
+
+/// A request-log line at `t_ms` (milliseconds after 2025-03-01T00:00:00Z).
+fn line(t_ms: u64, tenant: &str, fp: &Fingerprint, outcome: &str, upstream_ms: u64) -> String {
+    let t = humantime::parse_rfc3339("2025-03-01T00:00:00Z").unwrap() + Duration::from_millis(t_ms);
+    json!({
+        "time": humantime::format_rfc3339_millis(t).to_string(),
+        "tenant": tenant,
+        "route": "bot",
+        "fingerprint": fp.to_string(),
+        "outcome": outcome,
+        "status": 200,
+        "latency_ms": 1.0,
+        "upstream_ms": upstream_ms as f64,
+        "prompt_tokens": 10,
+        "completion_tokens": 20,
+    })
+    .to_string()
+}
+
+/// The seeded log: 100,000 requests in shuffled order.
+///
+/// - 400 bursts of 40 identical requests, 10 ms apart; the leader's call
+///   takes 500 ms;
+/// - 1,000 waves of 10 identical requests, 20 s apart; calls take 100 ms;
+/// - 500 fingerprints sent once by tenant `acme` and once by `beta` at the
+///   same instant (two tasks each, never one);
+/// - 73,000 one-off requests; calls take 100, 200, ... or 1,000 ms.
+///
+/// Groups: 400 + 1,000 + 1,000 + 73,000 = 75,400, so 24,600 requests
+/// (24.6 %) repeat an earlier one. Gaps between repeats: 15,600 of 10 ms,
+/// 9,000 of 20 s.
+fn seeded_log(path: &Path) {
+    let mut rng = StdRng::seed_from_u64(0x1de5);
+    let mut next_fp = {
+        let mut n = 0u64;
+        move || {
+            n += 1;
+            let mut b = [0u8; 32];
+            b[..8].copy_from_slice(&n.to_le_bytes());
+            Fingerprint::from_bytes(*blake3::hash(&b).as_bytes())
+        }
+    };
+    let start = |rng: &mut StdRng| rng.random_range(0..86_400 * S);
+    let mut lines = Vec::with_capacity(100_000);
+    for _ in 0..400 {
+        let (fp, t0) = (next_fp(), start(&mut rng));
+        for j in 0..40 {
+            let outcome = if j == 0 { "leader" } else { "follower" };
+            lines.push(line(t0 + j * 10 * MS, "acme", &fp, outcome, 500));
+        }
+    }
+    for _ in 0..1000 {
+        let (fp, t0) = (next_fp(), start(&mut rng));
+        for j in 0..10 {
+            let outcome = if j % 2 == 0 { "leader" } else { "cache-hit" };
+            lines.push(line(t0 + j * 20 * S, "beta", &fp, outcome, 100));
+        }
+    }
+    for _ in 0..500 {
+        let (fp, t0) = (next_fp(), start(&mut rng));
+        lines.push(line(t0, "acme", &fp, "leader", 300));
+        lines.push(line(t0, "beta", &fp, "leader", 300));
+    }
+    for i in 0..73_000u64 {
+        let (fp, t0) = (next_fp(), start(&mut rng));
+        lines.push(line(t0, "acme", &fp, "leader", 100 * (1 + i % 10)));
+    }
+    assert_eq!(lines.len(), 100_000);
+    lines.shuffle(&mut rng);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for l in &lines {
+        writeln!(f, "{l}").unwrap();
+    }
+    f.flush().unwrap();
+}
+
+fn analyze(path: &Path, wait: Wait, ttl: Duration) -> Report {
+    let opts = Options {
+        raw: RawRules::default(),
+        only_route: None,
+        report: ReportOptions { wait, ttl, top: 5 },
+        progress: false,
+    };
+    analyze_files(&[path.to_path_buf()], &opts).unwrap()
+}
+
+#[test]
+fn a_seeded_log_of_100k_requests_gives_exact_figures() {
+    let dir = temp_dir();
+    let path = dir.join("seeded.jsonl");
+    seeded_log(&path);
+
+    let r = analyze(
+        &path,
+        Wait::Fixed(Duration::from_secs(1)),
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.requests, 100_000);
+    assert_eq!(r.lines.log_lines, 100_000);
+    assert_eq!(r.distinct_tasks, 75_400);
+    assert_eq!(r.duplicates, 24_600);
+    assert!((r.duplicate_share - 0.246).abs() < 1e-12);
+    assert_eq!(r.time_unavailable, None);
+    assert_eq!(r.largest_groups.len(), 5);
+    assert!(r.largest_groups.iter().all(|g| g.requests == 40));
+    // Bursts: 39 followers each (every call ends within the 1 s window).
+    // Waves: a call at 0 s is cached until 30.1 s: the 20 s repeat hits, the
+    // 40 s one calls again; 5 calls and 5 hits per wave.
+    let s = r.simulation.as_ref().unwrap();
+    assert_eq!(s.saved_by_coalescing, 400 * 39);
+    assert_eq!(s.saved_by_cache, 1000 * 5);
+    assert_eq!(s.saved, 20_600);
+    assert_eq!(s.upstream_calls, 79_400);
+    assert_eq!(s.wait_timeouts, 0);
+
+    let gaps = r.repeat_gaps.as_ref().unwrap();
+    assert_eq!(gaps.count, 24_600);
+    assert_eq!(gaps.p50_ms, 10.0);
+    assert_eq!(gaps.p95_ms, 20_000.0);
+    assert_eq!(gaps.p99_ms, 20_000.0);
+    assert_eq!(r.leader_latency.as_ref().unwrap().p99_ms, 1000.0);
+
+    let obs = r.observed.as_ref().unwrap();
+    assert_eq!(obs.outcomes["follower"], 400 * 39);
+    assert_eq!(obs.outcomes["cache-hit"], 1000 * 5);
+
+    // The recommendation: wait 1.5 x p99 = 1,500 ms; TTL = the 20 s p95
+    // gap, which covers every repeat.
+    let rec = &r.recommendation;
+    assert_eq!(rec.verdict, Verdict::WorthIt);
+    assert_eq!(rec.max_wait_ms, Some(1500));
+    assert_eq!(rec.ttl_s, Some(20));
+    assert_eq!(rec.ttl_covers_share, Some(1.0));
+    let rs = rec.simulation.as_ref().unwrap();
+    assert_eq!((rs.saved_by_coalescing, rs.saved_by_cache), (15_600, 5_000));
+
+    // A 200 ms window is shorter than the 500 ms burst calls: only the
+    // repeats from 300 ms on (10 of 39) can wait; 29 time out. With a
+    // 60 s TTL a wave calls at 0, 80 and 160 s and hits 7 times.
+    let r = analyze(
+        &path,
+        Wait::Fixed(Duration::from_millis(200)),
+        Duration::from_secs(60),
+    );
+    let s = r.simulation.as_ref().unwrap();
+    assert_eq!(s.saved_by_coalescing, 400 * 10);
+    assert_eq!(s.wait_timeouts, 400 * 29);
+    assert_eq!(s.saved_by_cache, 1000 * 7);
+    assert_eq!(s.upstream_calls, 100_000 - 11_000);
+
+    // `auto` waits 1.5 x the p99 leader latency; no TTL, no cache hits.
+    let r = analyze(&path, Wait::Auto, Duration::ZERO);
+    assert_eq!(r.wait.ms, 1500.0);
+    let s = r.simulation.as_ref().unwrap();
+    assert_eq!((s.saved_by_coalescing, s.saved_by_cache), (15_600, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn raw_bodies_without_times_report_time_figures_as_unavailable() {
+    let dir = temp_dir();
+    let path = dir.join("bodies.jsonl");
+    let mut text = String::new();
+    for i in 0..30 {
+        let body = json!({"model": "bot", "messages": [{"role": "user", "content": format!("q{}", i % 10)}]});
+        text.push_str(&format!("{body}\n"));
+    }
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["analyze", "--json", "--tenant", "acme"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests"], 30);
+    assert_eq!(v["lines"]["raw_bodies"], 30);
+    assert_eq!(v["distinct_tasks"], 10);
+    assert_eq!(v["duplicates"], 20);
+    assert_eq!(v["simulation"], Value::Null);
+    assert_eq!(v["repeat_gaps"], Value::Null);
+    assert_eq!(
+        v["time_unavailable"],
+        "no request has a time or timestamp field"
+    );
+    assert_eq!(v["largest_groups"][0]["tenant"], "acme");
+    assert_eq!(v["largest_groups"][0]["requests"], 3);
+    // The text report says so too.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("analyze")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("What idem would have saved: unavailable"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A gateway writing its request log to `path`.
+async fn gateway_logging_to(
+    path: &Path,
+    bodies: bool,
+) -> (
+    Mocks,
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let spec = Spec::default();
+    let mocks = start_mocks(&spec).await;
+    let dir = path.parent().unwrap();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let text = config_text(&spec, &mocks, &db, "127.0.0.1:0").replace(
+        "[log]\nformat = \"json\"\n",
+        &format!(
+            "[log]\nformat = \"json\"\nrequests = \"{}\"\nbodies = {bodies}\n",
+            path.display()
+        ),
+    );
+    let config = Config::from_toml_str(&text, Source::Embedded, false).unwrap();
+    assert_eq!(config.log.requests, path.display().to_string());
+    let app = App::build(config).await.unwrap();
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(app.run(async move {
+        let _ = stopped.await;
+    }));
+    (mocks, base, stop, task)
+}
+
+async fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
+    eventually(Duration::from_secs(10), || {
+        std::fs::read_to_string(path).is_ok_and(|t| t.lines().count() >= n)
+    })
+    .await;
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_request_log_file_has_one_line_per_request_and_no_secrets() {
+    let dir = temp_dir();
+    let path = dir.join("requests.jsonl");
+    let (_mocks, base, stop, task) = gateway_logging_to(&path, false).await;
+    let c = client();
+    let chat = |key: &'static str, body: Value, idem_key: Option<&'static str>| {
+        let mut r = c
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&body);
+        if let Some(k) = idem_key {
+            r = r.header("Idempotency-Key", k);
+        }
+        r.send()
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            chat(ACME, chat_body("the secret plan"), None)
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    assert_eq!(
+        chat(BETA, chat_body("the secret plan"), None)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let job = json!({"request": chat_body("a job to do")});
+    for expected in [201, 200] {
+        let r = c
+            .post(format!("{base}/v1/jobs"))
+            .bearer_auth(ACME)
+            .header("Idempotency-Key", "order-45")
+            .json(&job)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), expected);
+    }
+    let r = chat(ACME, chat_body("keyed"), Some("refund-45"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let job_id = r.headers()["idem-job-id"].to_str().unwrap().to_string();
+
+    let lines = log_lines(&path, 7).await;
+    assert_eq!(lines.len(), 7);
+    let outcomes: Vec<&str> = lines
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            "leader",
+            "cache-hit",
+            "cache-hit",
+            "leader",
+            "created",
+            "replay",
+            "leader"
+        ]
+    );
+    let tenants: Vec<&str> = lines
+        .iter()
+        .map(|l| l["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tenants,
+        ["acme", "acme", "acme", "beta", "acme", "acme", "acme"]
+    );
+    for l in &lines {
+        for key in [
+            "time",
+            "tenant",
+            "route",
+            "fingerprint",
+            "outcome",
+            "status",
+            "latency_ms",
+            "upstream_ms",
+            "prompt_tokens",
+            "completion_tokens",
+        ] {
+            assert!(l.get(key).is_some(), "{key} missing in {l}");
+        }
+        assert!(l["fingerprint"].as_str().unwrap().starts_with("v1:"));
+        assert_eq!(l["route"], "bot");
+    }
+    // The leader's call and its tokens; the cache hits carry the same answer.
+    assert!(
+        lines[0]["upstream_ms"].as_f64().unwrap() > 0.0,
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0]["prompt_tokens"].as_u64().unwrap() > 0,
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[1]["upstream_ms"], lines[0]["upstream_ms"]);
+    // The job path names the job (and, once done, its attempt).
+    assert!(lines[4]["job"].is_string() && lines[4]["job"] == lines[5]["job"]);
+    assert_eq!(lines[4]["status"], 201);
+    assert_eq!(lines[6]["job"], job_id.as_str());
+    assert_eq!(lines[6]["attempt"], 1);
+    assert!(lines[0].get("job").is_none());
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        !text.contains(ACME) && !text.contains(BETA),
+        "an API key was logged"
+    );
+    assert!(
+        !text.contains("secret plan"),
+        "message contents logged without log.bodies"
+    );
+    assert!(!text.contains("messages"));
+
+    // `idem analyze` reads it back: 7 requests, 4 tasks (one per tenant for
+    // the same prompt).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["analyze", "--json", "--ttl", "30s"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests"], 7);
+    assert_eq!(v["distinct_tasks"], 4);
+    assert_eq!(v["largest_groups"][0]["requests"], 3);
+    assert_eq!(v["largest_groups"][0]["tenant"], "acme");
+    assert_eq!(v["observed"]["outcomes"]["cache-hit"], 2);
+    assert_eq!(v["simulation"]["saved"], 3);
+
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn with_log_bodies_the_messages_are_included() {
+    let dir = temp_dir();
+    let path = dir.join("requests.jsonl");
+    let (_mocks, base, stop, task) = gateway_logging_to(&path, true).await;
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(ACME)
+        .json(&chat_body("show me"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let lines = log_lines(&path, 1).await;
+    assert_eq!(
+        lines[0]["messages"],
+        json!([{"role": "user", "content": "show me"}])
+    );
+    assert!(!std::fs::read_to_string(&path).unwrap().contains(ACME));
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_stdout_request_lines_are_json_that_analyze_reads() {
+    let mocks = start_mocks(&Spec::default()).await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let config = dir.join("idem.toml");
+    std::fs::write(
+        &config,
+        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
+    )
+    .unwrap();
+    let mut proc = Proc::start(&config, &[]).await;
+    for _ in 0..2 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", proc.base))
+            .bearer_auth(ACME)
+            .json(&chat_body("twice"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while seen
+        .iter()
+        .filter(|l: &&String| l.contains("idem::request"))
+        .count()
+        < 2
+    {
+        assert!(std::time::Instant::now() < deadline, "{seen:?}");
+        seen.extend(proc.drain());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proc.signal("TERM");
+    let _ = proc.child.wait().await;
+    let request: Value = seen
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["target"] == "idem::request")
+        .unwrap();
+    for key in [
+        "time",
+        "tenant",
+        "fingerprint",
+        "outcome",
+        "status",
+        "upstream_ms",
+    ] {
+        assert!(request.get(key).is_some(), "{key} missing in {request}");
+    }
+    let log = dir.join("stdout.log");
+    std::fs::write(&log, seen.join("\n")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["analyze", "--json"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests"], 2, "{v}");
+    assert_eq!(v["duplicates"], 1);
+    assert!(
+        v["lines"]["other_lines"].as_u64().unwrap() >= 1,
+        "the listening line"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,95 @@
+//! The operator files in `ops/` (Grafana dashboard, Prometheus alerts) only
+//! name metrics that a running gateway exports, so a renamed metric breaks
+//! this test rather than a dashboard in production. (Their PromQL is parsed
+//! by `promtool` in CI: `.ci/check-metrics`.)
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use crate::helpers::*;
+
+/// Every `idem_...` name in `text`, with histogram suffixes removed.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("idem_") {
+        let start = i + at;
+        let before_ok =
+            start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+            end += 1;
+        }
+        if before_ok {
+            let name = &text[start..end];
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|b| b.ends_with("_seconds")))
+                .unwrap_or(name);
+            names.insert(base.to_string());
+        }
+        i = end.max(start + 1);
+    }
+    names
+}
+
+fn repo_file(path: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+}
+
+#[tokio::test]
+async fn the_dashboard_and_the_alerts_name_only_exported_metrics() {
+    let app = TestApp::spawn().await;
+    // One job, so that the metrics registered on first use exist too.
+    let r = app
+        .chat_with(ACME, &chat_body("metrics"), &[("Idempotency-Key", "ops-1")])
+        .await;
+    assert_eq!(r.status(), 200);
+    let exported: BTreeSet<String> = app
+        .metrics()
+        .await
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    assert!(exported.contains("idem_attempts_total"), "{exported:?}");
+
+    let dashboard = repo_file("ops/grafana/idem-dashboard.json");
+    let v: Value = serde_json::from_str(&dashboard).unwrap();
+    let exprs: Vec<&str> = v["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["expr"].as_str())
+        .collect();
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    let alerts = repo_file("ops/prometheus/alerts.yml");
+    for (file, text) in [("dashboard", exprs.join("\n")), ("alerts.yml", alerts)] {
+        let used = metric_names(&text);
+        assert!(!used.is_empty(), "{file} names no metric");
+        let unknown: Vec<&String> = used.difference(&exported).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} names metrics idem does not export: {unknown:?}"
+        );
+    }
+    // The panels and alerts the operator guide promises.
+    let all = metric_names(&exprs.join("\n"));
+    for m in [
+        "idem_saved_upstream_calls_total",
+        "idem_requests_total",
+        "idem_upstream_calls_total",
+        "idem_coalesce_wait_seconds",
+        "idem_coalesce_wait_timeouts_total",
+        "idem_jobs_unknown",
+        "idem_failover_blocked_total",
+        "idem_redis_errors_total",
+    ] {
+        assert!(all.contains(m), "the dashboard has no panel on {m}");
+    }
+    app.stop().await;
+}
