@@ -12,6 +12,9 @@
 //! - a fault overlapping the wave (from 3 s before it): a Redis outage pays
 //!   for one call per replica (each replica coalesces locally while Redis is
 //!   unreachable and until it reconnects), a replica kill for one takeover;
+//! - a Redis operation that failed on a replica during the wave (from 0.5 s
+//!   before it), injected or not (a timeout under load): the replica then
+//!   coalesces locally, one call (or one lost completion, hence one takeover);
 //! - an earlier call of the same group that did not succeed, once its
 //!   negative cache entry has expired: 2 s after a 429 (`rate_limit_ttl`,
 //!   raised by a Retry-After of 1 s to no more), 10 s after a 500 or a reset
@@ -34,6 +37,9 @@ const CLOCK_SLACK_MS: i64 = 250;
 /// A fault this long before a wave still pays for its extra calls: the
 /// replicas reconnect to Redis, and a killed leader's lease runs out, within it.
 const FAULT_REACH_MS: i64 = 3_000;
+/// A Redis error this long before a wave still pays (its request may have
+/// been on its way).
+const REDIS_ERROR_REACH_MS: i64 = 500;
 /// Negative cache lifetimes of the chaos config (`[routes.cache]`).
 pub const RATE_LIMIT_TTL_MS: i64 = 2_000;
 pub const SERVER_ERROR_TTL_MS: i64 = 10_000;
@@ -87,7 +93,7 @@ fn one_job_per_key(h: &History, out: &mut Vec<Violation>) {
     }
     let mut acked: BTreeMap<(&str, &str), HashSet<&str>> = BTreeMap::new();
     let mut created: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-    for op in h.ops.iter().filter(|o| o.kind == OpKind::CreateJob) {
+    for op in h.ops.iter().filter(|o| o.kind.creates_job()) {
         let (Some(key), Some(id)) = (&op.key, &op.job_id) else {
             continue;
         };
@@ -271,7 +277,10 @@ fn result_is_the_winners_answer(
         }
     }
     for op in &h.ops {
-        if !matches!(op.kind, OpKind::GetJob | OpKind::CreateJob) {
+        if !matches!(
+            op.kind,
+            OpKind::GetJob | OpKind::CreateJob | OpKind::ChatWithKey
+        ) {
             continue;
         }
         let (Some(id), Some(seen)) = (&op.job_id, &op.seen) else {
@@ -337,7 +346,7 @@ fn no_overlapping_attempts(h: &History, out: &mut Vec<Violation>) {
 /// of the request that created it; a changed payload is never accepted.
 fn conflicts_change_nothing(h: &History, out: &mut Vec<Violation>) {
     let by_key = jobs_by_key(h);
-    for op in h.ops.iter().filter(|o| o.kind == OpKind::CreateJob) {
+    for op in h.ops.iter().filter(|o| o.kind.creates_job()) {
         let Some(key) = &op.key else { continue };
         let job = by_key
             .get(&(op.tenant, key.as_str()))
@@ -503,10 +512,18 @@ fn upstream_calls_bounded(h: &History, out: &mut Vec<Violation>) {
         let mut permits = 0usize;
         let mut why = Vec::new();
         for f in &h.faults {
-            if f.until_ms < w.from_ms - FAULT_REACH_MS || f.from_ms > w.until_ms {
+            let reach = match f.kind {
+                FaultKind::RedisErrors { .. } => REDIS_ERROR_REACH_MS,
+                _ => FAULT_REACH_MS,
+            };
+            if f.until_ms < w.from_ms - reach || f.from_ms > w.until_ms {
                 continue;
             }
             match &f.kind {
+                FaultKind::RedisErrors { replica, count } => {
+                    permits += usize::try_from(*count).unwrap_or(usize::MAX);
+                    why.push(format!("{count} redis errors on replica {replica}"));
+                }
                 FaultKind::RedisDown => {
                     permits += h.replicas;
                     why.push("redis down".to_string());
@@ -810,6 +827,25 @@ mod tests {
     }
 
     #[test]
+    fn a_chat_with_a_key_counts_as_a_job_request() {
+        let p = "job k1 for acme";
+        let mut h = clean();
+        let mut op = create(200, 0, p);
+        op.kind = OpKind::ChatWithKey;
+        op.seen = Some(seen(2, p));
+        h.ops.push(op);
+        assert_eq!(check(&h), vec![]);
+        // Its answer is not the job's result.
+        h.ops.last_mut().unwrap().seen = Some(seen(1, p));
+        assert!(rules(&h).contains(&"result_never_changes"));
+        // It was given another job.
+        let last = h.ops.last_mut().unwrap();
+        last.seen = Some(seen(2, p));
+        last.job_id = Some("j9".into());
+        assert!(rules(&h).contains(&"one_job_per_key"));
+    }
+
+    #[test]
     fn an_attempt_started_while_another_is_in_flight_is_flagged() {
         // Attempt 2 starts while attempt 1 is unknown.
         let mut h = clean();
@@ -899,6 +935,22 @@ mod tests {
         assert_eq!(rules(&h), vec!["upstream_calls_bounded"]);
         h.calls[3].at_ms = T0 + 1060 + RATE_LIMIT_TTL_MS;
         assert_eq!(check(&h), vec![]);
+        // So do Redis errors a replica reported during the wave.
+        let mut h = clean();
+        h.calls
+            .push(call(4, T0 + 1100, "acme", "wave 1", "gpt-4o-mini"));
+        h.faults.push(Fault {
+            kind: FaultKind::RedisErrors {
+                replica: 2,
+                count: 1,
+            },
+            from_ms: T0 + 800,
+            until_ms: T0 + 1000,
+        });
+        assert_eq!(check(&h), vec![]);
+        h.calls
+            .push(call(5, T0 + 1200, "acme", "wave 1", "gpt-4o-mini"));
+        assert_eq!(rules(&h), vec!["upstream_calls_bounded"]);
         // Another tenant's identical prompt is another fingerprint.
         let mut h = clean();
         h.waves[0].tenants.push("beta");

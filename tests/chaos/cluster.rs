@@ -558,3 +558,57 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// Watches every replica's `idem_redis_errors_total` (every 200 ms, until
+/// `stop`) and records each increase as a [`FaultKind::RedisErrors`]: the
+/// Redis failures the replicas saw, injected or not, which the upstream-call
+/// bound must pay for.
+pub async fn watch_redis_errors(
+    directory: Arc<Directory>,
+    rec: Arc<crate::history::Recorder>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use crate::history::{Fault, FaultKind, now_ms};
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    // Per process (its address): the last count and when it was read.
+    let mut last: std::collections::HashMap<String, (u64, i64)> = Default::default();
+    while !stop.is_cancelled() {
+        for i in 0..REPLICAS {
+            let Some(base) = directory.get(i) else {
+                continue;
+            };
+            let Ok(r) = client.get(format!("{base}/metrics")).send().await else {
+                continue;
+            };
+            let Ok(text) = r.text().await else { continue };
+            let Some(count) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("idem_redis_errors_total "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+            else {
+                continue;
+            };
+            let count = count as u64;
+            let now = now_ms();
+            let (before, since) = last.get(&base).copied().unwrap_or((0, now - 200));
+            if count > before {
+                rec.fault(Fault {
+                    kind: FaultKind::RedisErrors {
+                        replica: i,
+                        count: count - before,
+                    },
+                    from_ms: since,
+                    until_ms: now,
+                });
+            }
+            last.insert(base, (count, now));
+        }
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}

@@ -106,6 +106,84 @@ pub async fn create_job(
     op
 }
 
+/// `POST /v1/chat/completions` with an `Idempotency-Key`: the request runs
+/// as a job and the answer is the job's result. `payload` is
+/// `{"request": <chat body>}`, as the job stores it.
+pub async fn chat_with_key(
+    ctx: &Ctx,
+    replica: usize,
+    tenant: &'static str,
+    key: &str,
+    payload: &Value,
+    variant: u8,
+) -> Op {
+    let (replica, base) = ctx.base(replica);
+    let mut op = Op::new(OpKind::ChatWithKey, tenant, replica, payload.clone());
+    op.key = Some(key.to_string());
+    op.variant = variant;
+    let Some(base) = base else {
+        op.transport = Some("no replica up".into());
+        return op;
+    };
+    let body = &payload["request"];
+    let stream = body["stream"] == json!(true);
+    let sent = ctx
+        .client
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(api_key(tenant))
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await;
+    let r = match sent {
+        Ok(r) => r,
+        Err(e) => {
+            op.transport = Some(e.to_string());
+            return op;
+        }
+    };
+    let status = r.status().as_u16();
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    op.replayed = header("idempotent-replayed").as_deref() == Some("true");
+    op.outcome = header("idem-outcome");
+    let job_id = header("idem-job-id");
+    let fingerprint = header("idem-fingerprint");
+    let text = match r.text().await {
+        Ok(t) => t,
+        Err(e) => {
+            op.transport = Some(format!("body: {e}"));
+            return op;
+        }
+    };
+    op.status = status;
+    if status != 200 {
+        op.code = serde_json::from_str::<Value>(&text)
+            .ok()
+            .as_ref()
+            .and_then(code_of);
+        return op;
+    }
+    op.job_id = job_id;
+    op.fingerprint = fingerprint;
+    op.seen = if stream {
+        read_stream(&text)
+    } else {
+        serde_json::from_str::<Value>(&text)
+            .ok()
+            .as_ref()
+            .and_then(Seen::of_completion)
+    };
+    if op.seen.is_none() {
+        op.transport = Some(format!("unreadable answer: {text}"));
+    }
+    op
+}
+
 /// Fills a job operation from a job document (or an error body).
 fn read_job(op: &mut Op, v: &Value) {
     if (200..300).contains(&op.status) {
@@ -302,11 +380,33 @@ async fn one_intent(ctx: &Ctx, rng: &mut StdRng, id: usize, intent: u64) {
         "bot"
     };
     let prompt = format!("job {key} for {tenant}");
-    let payload = json!({
-        "request": {"model": route, "user": tenant,
-                    "messages": [{"role": "user", "content": prompt}]},
-        "metadata": {"intent": key},
-    });
+    // Most intents use the jobs API; some send a chat completion with the
+    // key and wait for the answer (the same job machinery).
+    let as_chat = rng.random_bool(0.15);
+    let payload = if as_chat {
+        let mut request = json!({"model": route, "user": tenant,
+                                 "messages": [{"role": "user", "content": prompt}]});
+        if rng.random_bool(0.3) {
+            request["stream"] = json!(true);
+        }
+        json!({"request": request})
+    } else {
+        json!({
+            "request": {"model": route, "user": tenant,
+                        "messages": [{"role": "user", "content": prompt}]},
+            "metadata": {"intent": key},
+        })
+    };
+    let send = |replica: usize, payload: &Value, variant: u8| {
+        let (key, payload) = (key.clone(), payload.clone());
+        async move {
+            if as_chat {
+                chat_with_key(ctx, replica, tenant, &key, &payload, variant).await
+            } else {
+                create_job(ctx, replica, tenant, &key, &payload, variant).await
+            }
+        }
+    };
     let first = rng.random_range(0..REPLICAS);
     // A double click: the same request two or three times at once, to
     // different replicas.
@@ -315,7 +415,7 @@ async fn one_intent(ctx: &Ctx, rng: &mut StdRng, id: usize, intent: u64) {
     } else {
         1
     };
-    let sends = (0..clicks).map(|k| create_job(ctx, first + k, tenant, &key, &payload, 0));
+    let sends = (0..clicks).map(|k| send(first + k, &payload, 0));
     let mut job_id = None;
     for op in futures_util::future::join_all(sends).await {
         if (200..300).contains(&op.status) {
@@ -331,15 +431,7 @@ async fn one_intent(ctx: &Ctx, rng: &mut StdRng, id: usize, intent: u64) {
         if !pause(ctx, rng.random_range(50..400)).await {
             return;
         }
-        let op = create_job(
-            ctx,
-            rng.random_range(0..REPLICAS),
-            tenant,
-            &key,
-            &payload,
-            0,
-        )
-        .await;
+        let op = send(rng.random_range(0..REPLICAS), &payload, 0).await;
         if (200..300).contains(&op.status) {
             job_id = op.job_id.clone();
         }
@@ -349,20 +441,12 @@ async fn one_intent(ctx: &Ctx, rng: &mut StdRng, id: usize, intent: u64) {
     // job must not change.
     if rng.random_bool(0.1) {
         let mut changed = payload.clone();
-        if rng.random_bool(0.5) {
+        if as_chat || rng.random_bool(0.5) {
             changed["request"]["messages"][0]["content"] = json!(format!("{prompt}, changed"));
         } else {
             changed["metadata"]["intent"] = json!(format!("{key}, changed"));
         }
-        let op = create_job(
-            ctx,
-            rng.random_range(0..REPLICAS),
-            tenant,
-            &key,
-            &changed,
-            1,
-        )
-        .await;
+        let op = send(rng.random_range(0..REPLICAS), &changed, 1).await;
         ctx.rec.op(op);
     }
     // Look at the job once in a while (the answer it shows is checked).

@@ -27,6 +27,9 @@ pub enum OpKind {
     Chat,
     /// `POST /v1/chat/completions` with `"stream": true`.
     ChatStream,
+    /// `POST /v1/chat/completions` with an `Idempotency-Key`: a job that
+    /// the request waits for.
+    ChatWithKey,
 }
 
 impl OpKind {
@@ -36,7 +39,13 @@ impl OpKind {
             OpKind::GetJob => "get_job",
             OpKind::Chat => "chat",
             OpKind::ChatStream => "chat_stream",
+            OpKind::ChatWithKey => "chat_with_key",
         }
+    }
+
+    /// Requests that create (or find) a job by its idempotency key.
+    pub fn creates_job(self) -> bool {
+        matches!(self, OpKind::CreateJob | OpKind::ChatWithKey)
     }
 }
 
@@ -162,6 +171,11 @@ pub enum FaultKind {
     PgRestart,
     /// The mock provider misbehaving in one way for the interval.
     Provider(String),
+    /// Not injected: Redis operations that failed on a replica (its
+    /// `idem_redis_errors_total` grew by this much in the interval), for
+    /// example timeouts under load. Each made that replica coalesce locally
+    /// once, as the SPEC says it must.
+    RedisErrors { replica: usize, count: u64 },
 }
 
 /// One fault the nemesis injected, with its interval.

@@ -144,6 +144,11 @@ async fn chaos_history_keeps_every_promise() {
         stop.clone(),
         start,
     ));
+    let watcher = tokio::spawn(cluster::watch_redis_errors(
+        cluster.directory.clone(),
+        rec.clone(),
+        stop.clone(),
+    ));
     nemesis::infrastructure(&mut cluster, &rec, seed, scale.faults, scale.run, start).await;
 
     // Quiesce: stop the clients and the provider faults, let leases expire
@@ -153,6 +158,7 @@ async fn chaos_history_keeps_every_promise() {
         let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
     }
     let _ = provider.await;
+    let _ = watcher.await;
     cluster.mock.set_behaviour(calm());
     println!("chaos: t={:>6.2}s  quiesce", start.elapsed().as_secs_f64());
     let pool = sqlx::postgres::PgPoolOptions::new()
@@ -251,7 +257,7 @@ async fn final_reads(ctx: &Ctx) {
         .lock()
         .unwrap()
         .iter()
-        .filter(|o| o.kind == OpKind::CreateJob && (200..300).contains(&o.status))
+        .filter(|o| o.kind.creates_job() && (200..300).contains(&o.status))
         .filter_map(|o| Some((o.job_id.clone()?, (o.tenant, o.prompt.clone()))))
         .collect();
     let jobs: Vec<_> = jobs.into_iter().collect();
@@ -338,14 +344,19 @@ fn print_figures(h: &History, start: Instant) {
     for (kind, counts) in &by_kind {
         println!("  {:<12} {}", kind.name(), line(counts));
     }
-    println!("chaos: faults injected: {}", h.faults.len());
+    let injected = h
+        .faults
+        .iter()
+        .filter(|f| !matches!(f.kind, FaultKind::RedisErrors { .. }));
+    println!("chaos: faults injected: {}", injected.clone().count());
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
-    for f in &h.faults {
+    for f in injected {
         let k = match &f.kind {
             FaultKind::Kill(_) => "replica SIGKILL + restart".to_string(),
             FaultKind::RedisDown => "Redis stop + start".to_string(),
             FaultKind::PgRestart => "PostgreSQL stop + start".to_string(),
             FaultKind::Provider(p) => format!("provider {p}"),
+            FaultKind::RedisErrors { .. } => continue,
         };
         *kinds.entry(k).or_default() += 1;
         if !matches!(f.kind, FaultKind::Provider(_)) {
@@ -358,6 +369,29 @@ fn print_figures(h: &History, start: Instant) {
         }
     }
     println!("  by kind: {}", line(&kinds));
+    let outages: Vec<_> = h
+        .faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::RedisDown)
+        .collect();
+    let (mut during, mut outside) = (0u64, 0u64);
+    for f in &h.faults {
+        if let FaultKind::RedisErrors { count, .. } = f.kind {
+            // Until 3 s after an outage the replicas are reconnecting.
+            let near = outages
+                .iter()
+                .any(|o| f.until_ms >= o.from_ms && f.from_ms <= o.until_ms + 3_000);
+            if near {
+                during += count;
+            } else {
+                outside += count;
+            }
+        }
+    }
+    println!(
+        "chaos: Redis errors the replicas counted: {during} during or just after the outages, \
+         {outside} at other times (timeouts under load: each lets one replica coalesce locally)"
+    );
     let mut calls: BTreeMap<String, usize> = BTreeMap::new();
     for c in &h.calls {
         let k = match (c.outcome, c.status) {
@@ -400,7 +434,7 @@ fn print_figures(h: &History, start: Instant) {
         "chaos: answers traced to the call that produced them: {} chat, {} streamed, {} job results",
         traced(&[OpKind::Chat]),
         traced(&[OpKind::ChatStream]),
-        traced(&[OpKind::CreateJob, OpKind::GetJob]),
+        traced(&[OpKind::CreateJob, OpKind::GetJob, OpKind::ChatWithKey]),
     );
     let wave_requests = h.ops.iter().filter(|o| o.wave.is_some()).count();
     let wave_calls = h
