@@ -28,12 +28,16 @@ fn is_bad_request(e: &ApiError) -> bool {
     matches!(e, ApiError::BadRequest { code, .. } if !code.is_empty())
 }
 
+/// A route target from its config form, so that fields the config gains
+/// later (with their defaults) do not break this target.
+fn target(v: Value) -> TargetConfig {
+    serde_json::from_value(v).expect("a valid target")
+}
+
 fn fp_of(body: &Map<String, Value>) -> idem::fingerprint::Fingerprint {
-    let targets = [TargetConfig {
-        provider: "primary".into(),
-        model: "gpt-4o-mini".into(),
-        version: None,
-    }];
+    let targets = [target(
+        serde_json::json!({"provider": "primary", "model": "gpt-4o-mini"}),
+    )];
     let rules = Rules {
         tenant: "acme",
         route: "bot",
