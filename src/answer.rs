@@ -8,7 +8,7 @@
 //! `failed`: the provider certainly did not do the work, `unknown`: it may
 //! have), and [`Answer::negative_ttl`] applies the cache table of section 4.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -66,6 +66,18 @@ pub struct Answer {
     pub upstream_latency: Duration,
     /// The TTL the result cache gave this answer (None: not cached).
     pub cache_ttl: Option<Duration>,
+    /// The other forms of the body, rendered once and shared by every
+    /// follower and cache hit that asks for them.
+    pub rendered: Rendered,
+}
+
+/// Lazily rendered forms of an answer's body.
+#[derive(Debug, Clone, Default)]
+pub struct Rendered {
+    plain: OnceLock<Bytes>,
+    stream: OnceLock<Bytes>,
+    stream_with_usage: OnceLock<Bytes>,
+    usage: OnceLock<Option<(u64, u64)>>,
 }
 
 impl Answer {
@@ -95,6 +107,7 @@ impl Answer {
             created_at: SystemTime::now(),
             upstream_latency: Duration::ZERO,
             cache_ttl: None,
+            rendered: Default::default(),
         }
     }
 
@@ -173,33 +186,45 @@ impl Answer {
     pub fn plain_body(&self) -> Bytes {
         match self.form {
             Form::Plain => self.body.clone(),
-            Form::Stream => match crate::sse::assemble(&self.body) {
-                Ok(v) => Bytes::from(v.to_string()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot assemble a streamed answer");
-                    Bytes::from(
-                        error_body(
-                            "the provider's stream could not be assembled",
-                            "upstream_error",
-                            "bad_upstream_stream",
-                            None,
-                        )
-                        .to_string(),
+            Form::Stream => self.rendered.plain.get_or_init(|| self.assemble()).clone(),
+        }
+    }
+
+    fn assemble(&self) -> Bytes {
+        match crate::sse::assemble(&self.body) {
+            Ok(v) => Bytes::from(v.to_string()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot assemble a streamed answer");
+                Bytes::from(
+                    error_body(
+                        "the provider's stream could not be assembled",
+                        "upstream_error",
+                        "bad_upstream_stream",
+                        None,
                     )
-                }
-            },
+                    .to_string(),
+                )
+            }
         }
     }
 
     /// The body as an SSE stream (only meaningful for a success).
     pub fn stream_body(&self, include_usage: bool) -> Bytes {
-        match self.form {
-            Form::Stream => self.body.clone(),
-            Form::Plain => match serde_json::from_slice::<serde_json::Value>(&self.body) {
+        if self.form == Form::Stream {
+            return self.body.clone();
+        }
+        let slot = if include_usage {
+            &self.rendered.stream_with_usage
+        } else {
+            &self.rendered.stream
+        };
+        slot.get_or_init(
+            || match serde_json::from_slice::<serde_json::Value>(&self.body) {
                 Ok(v) => crate::sse::synthesize(&v, include_usage),
                 Err(_) => self.body.clone(),
             },
-        }
+        )
+        .clone()
     }
 
     /// The assistant content of the first choice, for contracts and logs.
@@ -210,14 +235,16 @@ impl Answer {
         }
     }
 
-    /// Token counts reported by the provider, if any.
+    /// Token counts reported by the provider, if any (parsed once).
     pub fn usage(&self) -> Option<(u64, u64)> {
-        let v = self.completion_json()?;
-        let u = v.get("usage")?;
-        Some((
-            u.get("prompt_tokens")?.as_u64()?,
-            u.get("completion_tokens")?.as_u64()?,
-        ))
+        *self.rendered.usage.get_or_init(|| {
+            let v = self.completion_json()?;
+            let u = v.get("usage")?;
+            Some((
+                u.get("prompt_tokens")?.as_u64()?,
+                u.get("completion_tokens")?.as_u64()?,
+            ))
+        })
     }
 }
 
@@ -311,6 +338,7 @@ impl Answer {
             created_at: std::time::UNIX_EPOCH + Duration::from_millis(meta.created_ms),
             upstream_latency: Duration::from_millis(meta.upstream_ms),
             cache_ttl: meta.cache_ttl_ms.map(Duration::from_millis),
+            rendered: Default::default(),
         })
     }
 }
@@ -331,6 +359,7 @@ mod tests {
             created_at: SystemTime::now(),
             upstream_latency: Duration::ZERO,
             cache_ttl: None,
+            rendered: Default::default(),
         }
     }
 

@@ -17,26 +17,36 @@ use crate::providers::Providers;
 use crate::routes::Routes;
 use crate::store::Store;
 
+/// Keeps the log writer thread alive; dropping it flushes what is queued.
+pub type LogGuard = Option<tracing_appender::non_blocking::WorkerGuard>;
+
 /// Installs the global tracing subscriber: `IDEM_LOG` (an `EnvFilter`,
 /// default `info`) chooses what is logged, `format` is `json` or `text`.
-pub fn init_logging(format: &str) {
-    init_logging_with(format, true);
+#[must_use = "dropping the guard stops the log writer"]
+pub fn init_logging(format: &str) -> LogGuard {
+    init_logging_with(format, true)
 }
 
 /// `requests`: whether the per-request lines (`idem::request`) are kept
 /// (they are only when `[log] requests = "stdout"`; a file gets its own
 /// writer, see [`crate::reqlog`]).
-pub fn init_logging_with(format: &str, requests: bool) {
+///
+/// Lines go to stdout through a writer thread: a request never waits on a
+/// slow terminal or pipe (past 128,000 queued lines, new lines are dropped
+/// rather than holding up requests).
+#[must_use = "dropping the guard stops the log writer"]
+pub fn init_logging_with(format: &str, requests: bool) -> LogGuard {
     let mut filter = EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     if !requests && let Ok(d) = "idem::request=off".parse() {
         filter = filter.add_directive(d);
     }
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stdout());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_span_events(FmtSpan::NONE)
         .with_ansi(std::io::stdout().is_terminal())
-        .with_writer(std::io::stdout);
-    let _ = if format == "json" {
+        .with_writer(writer);
+    let installed = if format == "json" {
         builder
             .json()
             .flatten_event(true)
@@ -45,12 +55,14 @@ pub fn init_logging_with(format: &str, requests: bool) {
     } else {
         builder.compact().try_init()
     };
+    // Only the first subscriber installed in a process keeps its writer.
+    installed.ok().map(|()| guard)
 }
 
 /// `idem serve`.
 pub async fn serve(config: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(config)?;
-    init_logging_with(&config.log.format, config.log.requests == "stdout");
+    let _log = init_logging_with(&config.log.format, config.log.requests == "stdout");
     let app = App::build(config).await?;
     app.run(shutdown_signal()).await
 }

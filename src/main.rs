@@ -74,7 +74,7 @@ fn main() -> ExitCode {
             Command::Serve { config } => idem::cli::serve(config.as_deref()).await,
             Command::Demo(args) => idem::demo::run(args).await,
             Command::MockUpstream(args) => {
-                idem::cli::init_logging("text");
+                let _log = idem::cli::init_logging("text");
                 idem::mock_upstream::run(args).await
             }
             Command::HashKey { key } => {

@@ -75,8 +75,34 @@ struct RouteHandles {
     wait_timeouts: Counter,
     leader_errors_shared: Counter,
     saved: Counter,
-    races: Counter,
+    races: Tally,
     failover_blocked: Counter,
+}
+
+/// A Prometheus counter that also keeps its own total, for the few figures
+/// `/v1/stats` reports beside `/metrics` (a `metrics::Counter` cannot be
+/// read back).
+pub struct Tally {
+    counter: Counter,
+    total: AtomicU64,
+}
+
+impl Tally {
+    fn new(counter: Counter) -> Tally {
+        Tally {
+            counter,
+            total: AtomicU64::new(0),
+        }
+    }
+
+    pub fn increment(&self, n: u64) {
+        self.counter.increment(n);
+        self.total.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
 }
 
 /// Per-tenant figures for `/v1/stats`.
@@ -124,7 +150,7 @@ pub struct Metrics {
     attempts: DashMap<(Arc<str>, &'static str), Counter>,
     pub inflight_flights: Gauge,
     pub jobs_unknown: Gauge,
-    pub redis_errors: Counter,
+    pub redis_errors: Tally,
     rate_limited: Counter,
 }
 
@@ -178,7 +204,7 @@ impl Metrics {
                         &[("route", r)],
                     ),
                     saved: counter("idem_saved_upstream_calls_total", &[("route", r)]),
-                    races: counter("idem_attempt_races_total", &[("route", r)]),
+                    races: Tally::new(counter("idem_attempt_races_total", &[("route", r)])),
                     failover_blocked: counter("idem_failover_blocked_total", &[("route", r)]),
                 },
             );
@@ -194,8 +220,9 @@ impl Metrics {
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &meta);
         let inflight_flights = gauge("idem_inflight_flights");
         let jobs_unknown = gauge("idem_jobs_unknown");
-        let redis_errors =
-            recorder.register_counter(&Key::from_name("idem_redis_errors_total"), &meta);
+        let redis_errors = Tally::new(
+            recorder.register_counter(&Key::from_name("idem_redis_errors_total"), &meta),
+        );
         redis_errors.increment(0);
         let rate_limited =
             recorder.register_counter(&Key::from_name("idem_rate_limited_total"), &meta);
@@ -409,6 +436,11 @@ impl Metrics {
         self.rate_limited.increment(1);
     }
 
+    /// Attempt races on every route (`idem_attempt_races_total` summed).
+    pub fn attempt_races(&self) -> u64 {
+        self.routes.values().map(|r| r.races.get()).sum()
+    }
+
     pub fn failover_blocked(&self, route: &str) {
         if let Some(r) = self.routes.get(route) {
             r.failover_blocked.increment(1);
@@ -530,5 +562,29 @@ mod tests {
             text.contains("idem_upstream_calls_total{provider=\"p\",status=\"200\"} 2"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn races_and_redis_errors_are_counted_for_stats_and_prometheus() {
+        let c = Config::from_toml_str(
+            "[[providers]]\nname=\"p\"\nkind=\"mock\"\n[[routes]]\nmodel=\"m\"\ntargets=[{provider=\"p\",model=\"x\"}]\n[[routes]]\nmodel=\"n\"\ntargets=[{provider=\"p\",model=\"x\"}]\n",
+            Source::Embedded,
+            false,
+        )
+        .unwrap();
+        let m = Metrics::new(&c);
+        assert_eq!((m.attempt_races(), m.redis_errors.get()), (0, 0));
+        m.attempt_race("m");
+        m.attempt_race("n");
+        m.attempt_race("n");
+        m.attempt_race("no-such-route");
+        m.redis_errors.increment(2);
+        assert_eq!((m.attempt_races(), m.redis_errors.get()), (3, 2));
+        let text = m.render();
+        assert!(
+            text.contains("idem_attempt_races_total{route=\"n\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("idem_redis_errors_total 2"), "{text}");
     }
 }

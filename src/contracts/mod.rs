@@ -532,6 +532,7 @@ expect = { category = "delivery" }
             created_at: std::time::SystemTime::now(),
             upstream_latency: std::time::Duration::ZERO,
             cache_ttl: None,
+            rendered: Default::default(),
         }
     }
 

@@ -354,5 +354,6 @@ async fn call(
         created_at: SystemTime::now(),
         upstream_latency: latency,
         cache_ttl: None,
+        rendered: Default::default(),
     }
 }

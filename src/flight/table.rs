@@ -422,6 +422,7 @@ mod tests {
             created_at: std::time::SystemTime::now(),
             upstream_latency: Duration::ZERO,
             cache_ttl: None,
+            rendered: Default::default(),
         })
     }
 

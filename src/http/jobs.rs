@@ -21,7 +21,7 @@ use crate::reqlog::Entry;
 use crate::store::{AttemptState, Completion, Cursor, JobRecord, JobState, now_ms};
 
 /// Job ids are UUIDs; anything else cannot name a job.
-fn check_id(id: &str) -> Result<(), ApiError> {
+pub(super) fn check_id(id: &str) -> Result<(), ApiError> {
     if id.len() == 36 && uuid::Uuid::parse_str(id).is_ok() {
         Ok(())
     } else {
@@ -114,7 +114,7 @@ pub struct ListQuery {
     after: Option<String>,
 }
 
-fn parse_cursor(text: &str) -> Option<Cursor> {
+pub(super) fn parse_cursor(text: &str) -> Option<Cursor> {
     let (at, id) = text.split_once('_')?;
     check_id(id).ok()?;
     Some(Cursor {

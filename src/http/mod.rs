@@ -1,14 +1,15 @@
 //! The HTTP surface: the router, the shared state handlers see, and the
 //! caller's identity. Handlers live in one file per area: `openai` (chat
 //! completions, models), `jobs` (the jobs API), `ops` (health, metrics,
-//! stats), `admin` (certification, routes); `error` renders every failure,
-//! `validate` checks bodies.
+//! stats), `admin` (certification, routes, jobs across tenants), `ui` (the
+//! dashboard page); `error` renders every failure, `validate` checks bodies.
 
 pub mod admin;
 pub mod error;
 pub mod jobs;
 pub mod openai;
 pub mod ops;
+pub mod ui;
 pub mod validate;
 
 use std::ops::Deref;
@@ -134,9 +135,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/stats", get(ops::stats))
         .route("/v1/admin/certify", post(admin::certify))
         .route("/v1/admin/routes", get(admin::routes))
+        .route("/v1/admin/jobs", get(admin::jobs))
+        .route("/v1/admin/jobs/{id}", get(admin::job))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+        .merge(ui::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(CatchPanicLayer::custom(panic_response))

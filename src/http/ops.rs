@@ -88,11 +88,13 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
                 "tenants": tenants,
                 "jobs": job_counts(&app, None).await,
                 "unknown_attempts": unknown,
+                "attempt_races": app.metrics.attempt_races(),
                 "inflight_flights": app.coalescer.table.inflight(),
                 "waiting_followers": app.coalescer.table.followers(),
                 "replica": app.jobs.worker_id,
                 "backend": if app.config.coalescing.backend == "memory" { "memory" } else { "redis" },
                 "redis_connected": app.coalescer.shared.get().map(|s| s.healthy()),
+                "redis_errors": app.metrics.redis_errors.get(),
             })))
         }
     }

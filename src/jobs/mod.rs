@@ -294,6 +294,7 @@ fn job_answer(job: &JobRecord, route: &Route) -> Answer {
         created_at: std::time::SystemTime::now(),
         upstream_latency: Duration::ZERO,
         cache_ttl: None,
+        rendered: Default::default(),
     }
 }
 

@@ -307,6 +307,7 @@ mod tests {
             created_at: SystemTime::now(),
             upstream_latency: Duration::ZERO,
             cache_ttl: None,
+            rendered: Default::default(),
         };
         assert_eq!(Health::of(&answer(200, None)), Health::Up);
         assert_eq!(Health::of(&answer(400, None)), Health::Up);

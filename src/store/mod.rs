@@ -302,6 +302,16 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<JobRecord>>;
 
+    /// Every tenant's jobs (the admin's view), newest first, optionally of
+    /// one state, strictly after `before`: [`Store::list_jobs`] without the
+    /// tenant filter.
+    async fn list_all_jobs(
+        &self,
+        state: Option<JobState>,
+        before: Option<&Cursor>,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>>;
+
     /// Claims up to `limit` queued jobs whose `not_before <= now`, oldest
     /// first: they become `running`, claimed by `worker` until
     /// `claim_until`, version + 1. Concurrent claimers never get the same

@@ -164,6 +164,28 @@ impl Store for PgStore {
         rows::jobs(rows)
     }
 
+    async fn list_all_jobs(
+        &self,
+        state: Option<JobState>,
+        before: Option<&Cursor>,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>> {
+        let rows: Vec<JobRow> = sqlx::query_as(
+            "SELECT * FROM jobs
+             WHERE ($1::text IS NULL OR state = $1)
+               AND ($2::bigint IS NULL OR (created_at, id) < ($2, $3::text))
+             ORDER BY created_at DESC, id DESC
+             LIMIT $4",
+        )
+        .bind(state.map(JobState::as_str))
+        .bind(before.map(|c| c.created_at))
+        .bind(before.map(|c| c.id.as_str()))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows::jobs(rows)
+    }
+
     async fn claim_jobs(
         &self,
         worker: &str,

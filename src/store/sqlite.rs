@@ -32,9 +32,15 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
 
 /// The SQLite implementation of [`Store`].
+///
+/// Writes go through a pool of one connection: SQLite takes one writer at
+/// a time anyway, and queueing writers in the pool (fair, asynchronous)
+/// beats letting many connections spin in SQLite's busy handler. Reads use
+/// the other pool; in WAL mode they never wait for the writer.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    writer: SqlitePool,
 }
 
 impl SqliteStore {
@@ -50,12 +56,16 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await?;
+        sqlx::migrate!("./migrations/sqlite").run(&writer).await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
             .connect_with(options)
             .await?;
-        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore { pool, writer })
     }
 
     async fn insert_job(&self, job: &NewJob) -> Result<Option<JobRecord>> {
@@ -75,7 +85,7 @@ impl SqliteStore {
         .bind(&job.request)
         .bind(&job.metadata)
         .bind(job.created_at)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writer)
         .await?;
         rows::job(row)
     }
@@ -163,6 +173,28 @@ impl Store for SqliteStore {
         rows::jobs(rows)
     }
 
+    async fn list_all_jobs(
+        &self,
+        state: Option<JobState>,
+        before: Option<&Cursor>,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>> {
+        let rows: Vec<JobRow> = sqlx::query_as(
+            "SELECT * FROM jobs
+             WHERE ($1 IS NULL OR state = $1)
+               AND ($2 IS NULL OR (created_at, id) < ($2, $3))
+             ORDER BY created_at DESC, id DESC
+             LIMIT $4",
+        )
+        .bind(state.map(JobState::as_str))
+        .bind(before.map(|c| c.created_at))
+        .bind(before.map(|c| c.id.as_str()))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows::jobs(rows)
+    }
+
     async fn claim_jobs(
         &self,
         worker: &str,
@@ -185,7 +217,7 @@ impl Store for SqliteStore {
         .bind(now)
         .bind(claim_until)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.writer)
         .await?;
         let mut jobs = rows::jobs(rows)?;
         // RETURNING gives no order guarantee.
@@ -200,7 +232,7 @@ impl Store for SqliteStore {
         .bind(job_id)
         .bind(worker)
         .bind(claim_until)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -229,7 +261,7 @@ impl Store for SqliteStore {
         .bind(not_before)
         .bind(reopen)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -246,7 +278,7 @@ impl Store for SqliteStore {
         .bind(job_id)
         .bind(error)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -261,7 +293,7 @@ impl Store for SqliteStore {
         now: i64,
         lease_until: i64,
     ) -> Result<StartAttempt> {
-        let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
+        let mut tx = self.writer.begin_with(BEGIN_WRITE).await?;
         let job: Option<(String, i64)> =
             sqlx::query_as("SELECT state, version FROM jobs WHERE id = $1")
                 .bind(job_id)
@@ -312,7 +344,7 @@ impl Store for SqliteStore {
         let done = sqlx::query("UPDATE attempts SET state = 'running' WHERE job_id = $1 AND n = $2 AND state = 'starting'")
             .bind(job_id)
             .bind(n)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -335,7 +367,7 @@ impl Store for SqliteStore {
         .bind(n)
         .bind(owner)
         .bind(lease_until)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -360,7 +392,7 @@ impl Store for SqliteStore {
         .bind(to.as_str())
         .bind(reason)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected() == 1)
     }
@@ -373,7 +405,7 @@ impl Store for SqliteStore {
         result: &str,
         now: i64,
     ) -> Result<Completion> {
-        let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
+        let mut tx = self.writer.begin_with(BEGIN_WRITE).await?;
         let attempt: Option<(String,)> =
             sqlx::query_as("SELECT state FROM attempts WHERE job_id = $1 AND n = $2")
                 .bind(job_id)
@@ -422,7 +454,7 @@ impl Store for SqliteStore {
     }
 
     async fn cancel_job(&self, tenant: &str, job_id: &str, now: i64) -> Result<Option<JobRecord>> {
-        let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
+        let mut tx = self.writer.begin_with(BEGIN_WRITE).await?;
         let cancelled: Option<JobRow> = sqlx::query_as(
             "UPDATE jobs
              SET state = 'cancelled', error = COALESCE(error, 'cancelled'), version = version + 1,
@@ -461,7 +493,7 @@ impl Store for SqliteStore {
         )
         .bind(lease_before)
         .bind(now)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.writer)
         .await?;
         let mut attempts = rows::attempts(rows)?;
         attempts.sort_by(|a, b| (&a.job_id, a.n).cmp(&(&b.job_id, b.n)));
@@ -477,7 +509,7 @@ impl Store for SqliteStore {
                                WHERE attempts.job_id = jobs.id AND attempts.state IN ('starting', 'running', 'unknown'))",
         )
         .bind(now)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected())
     }
@@ -506,7 +538,7 @@ impl Store for SqliteStore {
             "DELETE FROM jobs WHERE created_at < $1 AND state IN ('succeeded', 'failed', 'cancelled')",
         )
         .bind(created_before)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(done.rows_affected())
     }
@@ -523,7 +555,7 @@ impl Store for SqliteStore {
         .bind(c.passed)
         .bind(&c.failures)
         .bind(c.certified_at)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }

@@ -184,6 +184,7 @@ store_tests!(
     expire_attempt_leases,
     expire_job_claims,
     list_jobs_pagination,
+    list_all_jobs_spans_tenants,
     count_jobs,
     purge_old_terminal_jobs,
     certifications_latest_per_target,
@@ -1210,6 +1211,53 @@ async fn list_jobs_pagination(s: Arc<dyn Store>) {
     assert_eq!(s.list_jobs("t2", None, None, 10).await.unwrap().len(), 3);
     assert_eq!(s.list_jobs("t3", None, None, 10).await.unwrap(), vec![]);
     assert_eq!(s.list_jobs("t1", None, None, 0).await.unwrap(), vec![]);
+}
+
+async fn list_all_jobs_spans_tenants(s: Arc<dyn Store>) {
+    let mut all = Vec::new();
+    for (i, (tenant, at)) in [("t1", 0), ("t2", 1), ("t1", 2), ("t3", 2), ("t2", 3)]
+        .into_iter()
+        .enumerate()
+    {
+        all.push(create(&*s, tenant, &format!("k{i}"), T0 + at).await);
+    }
+    all.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+
+    let mut listed = Vec::new();
+    let mut cursor: Option<Cursor> = None;
+    loop {
+        let page = s.list_all_jobs(None, cursor.as_ref(), 2).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 2);
+        let last = page.last().unwrap();
+        cursor = Some(Cursor {
+            created_at: last.created_at,
+            id: last.id.clone(),
+        });
+        listed.extend(page);
+    }
+    assert_eq!(listed, all, "newest first, every tenant, each job once");
+
+    s.cancel_job("t2", &all[0].id, T0 + 10)
+        .await
+        .unwrap()
+        .unwrap();
+    let cancelled = s
+        .list_all_jobs(Some(JobState::Cancelled), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.len(), 1);
+    assert_eq!(cancelled[0].id, all[0].id);
+    assert_eq!(
+        s.list_all_jobs(Some(JobState::Queued), None, 10)
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+    assert_eq!(s.list_all_jobs(None, None, 0).await.unwrap(), vec![]);
 }
 
 async fn count_jobs(s: Arc<dyn Store>) {

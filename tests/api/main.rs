@@ -11,6 +11,7 @@
 mod analyze;
 mod coalescing;
 mod contracts;
+mod dashboard;
 mod gateway;
 mod helpers;
 mod hostile;

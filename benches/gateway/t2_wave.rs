@@ -1,0 +1,227 @@
+//! Table 2: a wave of identical concurrent requests through one gateway:
+//! how many upstream calls it makes, how much later than the leader its
+//! followers are answered, and its resident memory while they wait.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde_json::json;
+
+use crate::Settings;
+use crate::http::Endpoint;
+use crate::load;
+use crate::procs::{Gateway, GatewaySpec, KEY, Mock, Workdir};
+use crate::report::{Table, int, mib, ms, plus_ms, verdict};
+use crate::wave;
+
+/// The mock's latency once the held call is released.
+const LATENCY_MS: u64 = 200;
+/// Target: followers' p99 minus the leader's latency, in ms.
+const FOLLOWER_DELAY_MS: f64 = 5.0;
+/// Target: resident memory during the wave.
+const MEMORY_MIB: f64 = 100.0;
+
+pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
+    let n = s.pick(1_000, 10_000);
+    let dir = Workdir::new("wave")?;
+    let mock = Mock::start(&dir, "mock", &[]).await?;
+    let gateway = Gateway::start(&dir, "idem", &GatewaySpec::new(&mock, &dir)).await?;
+
+    // Warm-up with unique prompts (no hold yet): idem's upstream pool is
+    // open and the route has a latency history.
+    let endpoint = Endpoint::new(gateway.addr, Some(KEY));
+    load::closed(
+        gateway.addr,
+        4,
+        Duration::from_millis(300),
+        load::unique_chats(&endpoint),
+    )
+    .await?;
+    mock.behave(json!({"hold": true, "latency_ms": LATENCY_MS}))
+        .await?;
+
+    let w = wave::run(&[&gateway], n, &mock).await?;
+    let calls = w.upstream_calls;
+
+    let mut statuses = BTreeMap::<String, u64>::new();
+    let mut outcomes = BTreeMap::<String, u64>::new();
+    let mut followers = Histogram::<u64>::new_with_bounds(1, 300_000_000, 3)
+        .context("cannot create a histogram")?;
+    let mut leader = None;
+    for a in &w.answers {
+        match &a.reply {
+            Ok((status, outcome)) => {
+                *statuses.entry(status.to_string()).or_default() += 1;
+                let outcome = outcome.clone().unwrap_or_else(|| "(none)".into());
+                *outcomes.entry(outcome.clone()).or_default() += 1;
+                let us = a
+                    .after_release
+                    .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+                match outcome.as_str() {
+                    "leader" => leader = Some(us),
+                    "follower" => followers.saturating_record(us),
+                    _ => {}
+                }
+            }
+            Err(_) => *statuses.entry("no answer".into()).or_default() += 1,
+        }
+    }
+    let list = |m: &BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(k, v)| format!("{k} x {}", int(*v)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let f_ms = |q: f64| followers.value_at_quantile(q) as f64 / 1000.0;
+    let leader_ms = leader.map(|us| us as f64 / 1000.0);
+
+    let mut t = Table::new(
+        format!(
+            "2. Wave of {} identical concurrent requests (mock holds the call, then answers in {LATENCY_MS} ms)",
+            int(n as u64)
+        ),
+        &["figure", "measured", "baseline", "target", "result"],
+    );
+    t.row([
+        "upstream calls".into(),
+        int(calls),
+        format!("{} requests", int(n as u64)),
+        "exactly 1".into(),
+        verdict(calls == 1),
+    ]);
+    let all_ok = statuses.get("200").copied() == Some(n as u64);
+    t.row([
+        "answers".into(),
+        list(&statuses),
+        String::new(),
+        "all 200".into(),
+        verdict(all_ok),
+    ]);
+    t.row([
+        "outcomes (Idem-Outcome)".into(),
+        list(&outcomes),
+        String::new(),
+        "-".into(),
+        String::new(),
+    ]);
+    let upstream_ms = w.probe.map(|d| d.as_secs_f64() * 1e3);
+    t.row([
+        "upstream latency after release, ms (probe)".into(),
+        upstream_ms.map_or("-".into(), ms),
+        format!("mock {LATENCY_MS} ms"),
+        "-".into(),
+        String::new(),
+    ]);
+    t.row([
+        "leader latency after release, ms".into(),
+        leader_ms.map_or("-".into(), ms),
+        String::new(),
+        "-".into(),
+        String::new(),
+    ]);
+    t.row([
+        "followers after release p50 / p99 / max, ms".into(),
+        format!("{} / {} / {}", ms(f_ms(0.5)), ms(f_ms(0.99)), ms(f_ms(1.0))),
+        String::new(),
+        "-".into(),
+        String::new(),
+    ]);
+    match upstream_ms {
+        Some(u) if !followers.is_empty() => {
+            let delay = f_ms(0.99) - u;
+            t.row([
+                "followers' p99 - upstream latency".into(),
+                plus_ms(delay),
+                "probe".into(),
+                format!("< {FOLLOWER_DELAY_MS} ms"),
+                verdict(delay < FOLLOWER_DELAY_MS),
+            ]);
+        }
+        _ => t.na(
+            "followers' p99 - upstream latency",
+            "no probe or no follower answer",
+        ),
+    }
+    let (idle, conns, parked) = (w.idle_mem[0], w.connected_mem[0], w.parked_mem[0]);
+    t.row([
+        "resident memory: idle, before the wave".into(),
+        mib(idle.rss_kib),
+        String::new(),
+        "-".into(),
+        String::new(),
+    ]);
+    t.row([
+        format!("  with {} open idle connections", int(n as u64)),
+        mib(conns.rss_kib),
+        format!(
+            "+{} on idle",
+            mib(conns.rss_kib.saturating_sub(idle.rss_kib))
+        ),
+        "-".into(),
+        String::new(),
+    ]);
+    t.row([
+        format!("  with {} waiting followers", int(n as u64 - 1)),
+        mib(parked.rss_kib),
+        format!(
+            "+{} on idle",
+            mib(parked.rss_kib.saturating_sub(idle.rss_kib))
+        ),
+        format!("< {MEMORY_MIB} MiB"),
+        verdict((parked.rss_kib as f64 / 1024.0) < MEMORY_MIB),
+    ]);
+    let peak = w.final_mem[0].hwm_kib.max(w.sampled_peak_kib[0]);
+    t.row([
+        "  peak over the whole wave (VmHWM)".into(),
+        mib(peak),
+        format!("+{} on idle", mib(peak.saturating_sub(idle.rss_kib))),
+        format!("< {MEMORY_MIB} MiB"),
+        verdict((peak as f64 / 1024.0) < MEMORY_MIB),
+    ]);
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+    t.row([
+        "idem CPU: reading the wave / answering it".into(),
+        format!(
+            "{:.0} / {:.0} ms",
+            w.cpu_intake[0].as_secs_f64() * 1e3,
+            w.cpu_answer[0].as_secs_f64() * 1e3
+        ),
+        format!(
+            "{:.0} / {:.0} us per request",
+            per(w.cpu_intake[0]),
+            per(w.cpu_answer[0])
+        ),
+        "-".into(),
+        String::new(),
+    ]);
+    t.note(format!(
+        "all {} connections opened first; requests written {:.0} ms after the fire; gateway quiet \
+         (all parked) {:.0} ms after it{}; last answer {:.0} ms after the release",
+        int(n as u64),
+        w.fire_to_sent.as_secs_f64() * 1e3,
+        w.fire_to_parked.as_secs_f64() * 1e3,
+        if w.quiet {
+            ""
+        } else {
+            " (never quiet: gave up waiting)"
+        },
+        w.release_to_last.as_secs_f64() * 1e3,
+    ));
+    if !w.held {
+        t.note("the mock never held a call: nothing reached the provider before the release");
+    }
+    if w.answered_early > 0 {
+        t.note(format!(
+            "{} requests were answered before the release",
+            int(w.answered_early as u64)
+        ));
+    }
+    t.note(
+        "latencies count from the release of the held upstream call; the probe is the same \
+         request sent to the mock directly, held and released with the leader's call",
+    );
+    Ok(t)
+}

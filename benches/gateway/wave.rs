@@ -1,0 +1,256 @@
+//! A wave: N identical requests sent at once on connections opened
+//! beforehand, spread round-robin over one or more gateways, while the
+//! provider holds the first upstream call.
+//!
+//! The steps: open every connection; fire (each connection writes its
+//! request as soon as a shared flag flips); wait until every request is
+//! written, the mock holds a call, and every gateway has gone quiet (no CPU
+//! used for 200 ms: all requests read and parked as followers); read their
+//! memory; send the same request to the mock directly (the *probe*, held
+//! too); release the mock, which then answers every held call after its
+//! latency; collect the answers with their times counted from the release.
+//!
+//! The probe is the baseline: the upstream's own latency after the release,
+//! as a client talking to the provider directly sees it, measured in the
+//! same instant as the leader's call.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tokio::sync::watch;
+
+use crate::http::{Conn, Endpoint};
+use crate::procs::{Gateway, KEY, MODEL, Mem, Mock, mem_of};
+
+/// How long each phase may take before the wave is given up.
+const PHASE_LIMIT: Duration = Duration::from_secs(90);
+/// Connections opened at once (stays well under the listen backlog).
+const CONNECT_BATCH: usize = 200;
+
+/// One request of the wave.
+pub struct Answer {
+    /// Which gateway it went to.
+    pub gateway: usize,
+    /// Status and `Idem-Outcome`, or why there was no answer.
+    pub reply: Result<(u16, Option<String>), String>,
+    /// From the release of the upstream call to the answer; `None` if it
+    /// came before the release.
+    pub after_release: Option<Duration>,
+}
+
+/// What a wave measured; per-gateway vectors follow the gateways' order.
+pub struct Wave {
+    pub answers: Vec<Answer>,
+    /// Before the connections were opened.
+    pub idle_mem: Vec<Mem>,
+    /// With every connection open, before any request.
+    pub connected_mem: Vec<Mem>,
+    /// With every request parked, before the release.
+    pub parked_mem: Vec<Mem>,
+    /// Highest resident size sampled every 10 ms during the wave.
+    pub sampled_peak_kib: Vec<u64>,
+    /// VmHWM after the wave.
+    pub final_mem: Vec<Mem>,
+    /// CPU used from the fire to the quiet point (reading the requests).
+    pub cpu_intake: Vec<Duration>,
+    /// CPU used from the release to the last answer (answering them).
+    pub cpu_answer: Vec<Duration>,
+    pub fire_to_sent: Duration,
+    pub fire_to_parked: Duration,
+    /// Every gateway went quiet before the release.
+    pub quiet: bool,
+    /// The mock held a call before the release.
+    pub held: bool,
+    /// Answers that came before the release (none is expected).
+    pub answered_early: usize,
+    pub release_to_last: Duration,
+    /// The probe's latency after the release (the upstream alone).
+    pub probe: Option<Duration>,
+    /// Upstream calls the gateways made (the probe not counted).
+    pub upstream_calls: u64,
+}
+
+/// The one body every request of a wave sends (unique to this wave).
+pub fn body() -> String {
+    format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"wave {}: what is the capital of France?"}}]}}"#,
+        uuid::Uuid::now_v7().simple()
+    )
+}
+
+async fn connect_many(addrs: &[SocketAddr], n: usize) -> anyhow::Result<Vec<(usize, Conn)>> {
+    let mut conns = Vec::with_capacity(n);
+    let mut next = 0;
+    while next < n {
+        let batch: Vec<usize> = (next..n.min(next + CONNECT_BATCH)).collect();
+        next += batch.len();
+        let opened = futures_util::future::try_join_all(batch.into_iter().map(|i| {
+            let g = i % addrs.len();
+            async move { Ok::<_, anyhow::Error>((g, Conn::connect(addrs[g]).await?)) }
+        }))
+        .await?;
+        conns.extend(opened);
+    }
+    Ok(conns)
+}
+
+fn mems(gateways: &[&Gateway]) -> anyhow::Result<Vec<Mem>> {
+    gateways.iter().map(|g| g.proc.mem()).collect()
+}
+
+fn cpus(gateways: &[&Gateway]) -> anyhow::Result<Vec<Duration>> {
+    gateways.iter().map(|g| g.proc.cpu()).collect()
+}
+
+/// Runs a wave of `n` identical requests over `gateways` (round-robin);
+/// `mock` must be holding requests.
+pub async fn run(gateways: &[&Gateway], n: usize, mock: &Mock) -> anyhow::Result<Wave> {
+    let addrs: Vec<SocketAddr> = gateways.iter().map(|g| g.addr).collect();
+    let body = body();
+    let requests: Vec<Arc<Vec<u8>>> = addrs
+        .iter()
+        .map(|a| {
+            Arc::new(Endpoint::new(*a, Some(KEY)).post(
+                "/v1/chat/completions",
+                &[],
+                body.as_bytes(),
+            ))
+        })
+        .collect();
+
+    let calls_before = mock.calls().await?;
+    let idle_mem = mems(gateways)?;
+    let conns = connect_many(&addrs, n).await?;
+    let connected_mem = mems(gateways)?;
+
+    // Resident memory sampled all along, for the peak.
+    let stop = Arc::new(AtomicBool::new(false));
+    let pids: Vec<u32> = gateways.iter().map(|g| g.proc.pid()).collect();
+    let sampler = tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            let mut peak = vec![0u64; pids.len()];
+            while !stop.load(Ordering::Relaxed) {
+                for (i, pid) in pids.iter().enumerate() {
+                    if let Ok(m) = mem_of(*pid) {
+                        peak[i] = peak[i].max(m.rss_kib);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            peak
+        }
+    });
+
+    let (go, ready) = watch::channel(false);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::with_capacity(n);
+    for (g, mut conn) in conns {
+        let mut ready = ready.clone();
+        let (sent, answered) = (Arc::clone(&sent), Arc::clone(&answered));
+        let request = Arc::clone(&requests[g]);
+        tasks.push(tokio::spawn(async move {
+            let fired = ready.wait_for(|go| *go).await.is_ok();
+            let reply = if fired {
+                let written = conn.send(&request).await;
+                sent.fetch_add(1, Ordering::SeqCst);
+                match written {
+                    Ok(()) => conn.receive().await,
+                    Err(e) => Err(e),
+                }
+            } else {
+                sent.fetch_add(1, Ordering::SeqCst);
+                Err(anyhow::anyhow!("never fired"))
+            };
+            answered.fetch_add(1, Ordering::SeqCst);
+            (g, reply, Instant::now())
+        }));
+    }
+
+    let cpu_fired = cpus(gateways)?;
+    let fired = Instant::now();
+    go.send(true).context("no request task is listening")?;
+    while sent.load(Ordering::SeqCst) < n {
+        if fired.elapsed() > PHASE_LIMIT {
+            bail!(
+                "only {} of {n} requests written within {PHASE_LIMIT:?}",
+                sent.load(Ordering::SeqCst)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let fire_to_sent = fired.elapsed();
+    let mut held = mock.held(1, PHASE_LIMIT).await?;
+    let mut quiet = true;
+    for g in gateways {
+        quiet &= g.proc.until_quiet(PHASE_LIMIT).await?;
+    }
+    let fire_to_parked = fired.elapsed();
+    let parked_mem = mems(gateways)?;
+    let answered_early = answered.load(Ordering::SeqCst);
+
+    // The probe: held like the leader's call, released with it.
+    let mut probe = Conn::connect(mock.addr).await?;
+    probe
+        .send(&Endpoint::new(mock.addr, Some(KEY)).post(
+            "/v1/chat/completions",
+            &[],
+            body.as_bytes(),
+        ))
+        .await?;
+    let probe = tokio::spawn(async move { probe.receive().await.map(|_| Instant::now()) });
+    held &= mock.held(2, PHASE_LIMIT).await?;
+    let cpu_parked = cpus(gateways)?;
+
+    let released_at = Instant::now();
+    mock.release().await?;
+    let mut answers = Vec::with_capacity(n);
+    let mut last = released_at;
+    for task in tasks {
+        let (gateway, reply, done) = task.await?;
+        last = last.max(done);
+        answers.push(Answer {
+            gateway,
+            reply: reply
+                .map(|r| (r.status, r.outcome))
+                .map_err(|e| format!("{e:#}")),
+            after_release: done.checked_duration_since(released_at),
+        });
+    }
+    let release_to_last = last - released_at;
+    let probe = probe
+        .await?
+        .ok()
+        .and_then(|done| done.checked_duration_since(released_at));
+    let upstream_calls = (mock.calls().await? - calls_before).saturating_sub(1);
+    let cpu_done = cpus(gateways)?;
+    stop.store(true, Ordering::Relaxed);
+    let sampled_peak_kib = sampler.await?;
+    let final_mem = mems(gateways)?;
+
+    let diff = |a: &[Duration], b: &[Duration]| -> Vec<Duration> {
+        a.iter().zip(b).map(|(a, b)| a.saturating_sub(*b)).collect()
+    };
+    Ok(Wave {
+        answers,
+        idle_mem,
+        connected_mem,
+        parked_mem,
+        sampled_peak_kib,
+        final_mem,
+        cpu_intake: diff(&cpu_parked, &cpu_fired),
+        cpu_answer: diff(&cpu_done, &cpu_parked),
+        fire_to_sent,
+        fire_to_parked,
+        quiet,
+        held,
+        answered_early,
+        release_to_last,
+        probe,
+        upstream_calls,
+    })
+}

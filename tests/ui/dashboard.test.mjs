@@ -1,0 +1,542 @@
+// End-to-end test of idem's dashboard (/ui) in headless Chromium.
+//
+// Starts a real gateway (`idem serve`, the debug binary by default) on a free
+// port with SQLite in a temporary directory, an admin key and two tenants,
+// in front of four providers: the built-in mock (instant), `idem
+// mock-upstream` answering after 400 ms, another answering JSON that keeps
+// a route's contract, and a socket here that accepts calls and never
+// answers (its attempts end `unknown`, and its circuit opens). Then it drives
+// Debian's Chromium with playwright-core: signs in with the admin key, reads
+// the figures, fires waves of identical requests and a few jobs, and checks
+// that what the page shows moved by exactly what was sent.
+//
+// Environment:
+//   IDEM_BIN                 the idem binary (default: ../../target/debug/idem)
+//   CHROMIUM                 the browser (default: /usr/bin/chromium)
+//   IDEM_UI_REDIS            a Redis URL: coalesce through Redis (the page then shows it)
+//   IDEM_UI_SCREENSHOT_DIR   where dashboard.png and job.png go (default: ../../target/ui-test)
+//
+// Run: `npm ci && npm test` in this folder (.ci/ui-test does it all).
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repo = path.resolve(here, '..', '..');
+const IDEM = process.env.IDEM_BIN || path.join(repo, 'target', 'debug', 'idem');
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const REDIS = process.env.IDEM_UI_REDIS || '';
+const SHOTS = path.resolve(process.env.IDEM_UI_SCREENSHOT_DIR || path.join(repo, 'target', 'ui-test'));
+
+const ADMIN = 'admin-' + randomBytes(16).toString('hex');
+const ACME = 'sk-acme-' + randomBytes(12).toString('hex');
+const BETA = 'sk-beta-' + randomBytes(12).toString('hex');
+const RUN = randomBytes(4).toString('hex'); // keeps prompts and Redis keys apart across runs
+const WAVE = 50;
+
+const children = [];
+const sockets = new Set();
+let work;
+let base;
+let silent;
+let browser;
+let page;
+const foreignRequests = [];
+const pageErrors = [];
+
+// ----------------------------------------------------------------- helpers
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** Polls `probe` until it returns a truthy value; fails with `what` and the last value seen. */
+async function until(what, probe, timeoutMs = 15000) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  for (;;) {
+    last = await probe();
+    if (last && last.ok !== false) return last;
+    if (Date.now() > deadline) {
+      assert.fail(`${what}: not reached within ${timeoutMs} ms (last seen: ${JSON.stringify(last)})`);
+    }
+    await sleep(100);
+  }
+}
+
+/** Starts a child process and resolves with the first stdout/stderr line matching `pattern`. */
+function startProcess(name, args, env, pattern) {
+  return new Promise((resolve, reject) => {
+    // idem reads IDEM_* variables as config overrides: only ours count here.
+    const clean = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('IDEM_')));
+    const child = spawn(IDEM, args, { env: { ...clean, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    children.push(child);
+    let output = '';
+    let done = false;
+    const timer = setTimeout(() => finish(new Error(`${name} did not start in 20 s:\n${output}`)), 20000);
+    function finish(err, value) {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      if (err) reject(err);
+      else resolve(value);
+    }
+    const onData = (chunk) => {
+      output += chunk.toString();
+      if (output.length > 200000) output = output.slice(-100000);
+      const m = pattern.exec(output);
+      if (m) finish(null, m);
+    };
+    child.stdout.on('data', onData);
+    child.stderr.on('data', onData);
+    child.on('error', (e) => finish(new Error(`${name}: cannot run ${IDEM}: ${e.message}`)));
+    child.on('exit', (code, signal) => finish(new Error(`${name} exited (${code ?? signal}) before it was ready:\n${output}`)));
+  });
+}
+
+async function http(method, urlPath, { key, body, headers = {} } = {}) {
+  const h = { ...headers };
+  if (key) h.authorization = 'Bearer ' + key;
+  if (body !== undefined) h['content-type'] = 'application/json';
+  const resp = await fetch(base + urlPath, { method, headers: h, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await resp.text();
+  let json = null;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    // not JSON (the page, its assets)
+  }
+  return { status: resp.status, headers: resp.headers, text, json };
+}
+
+function chat(model, content, key = ACME, headers = {}) {
+  return http('POST', '/v1/chat/completions', {
+    key,
+    headers,
+    body: { model, messages: [{ role: 'user', content }] },
+  });
+}
+
+/** `n` identical requests at once; every answer must be 200. */
+async function wave(model, content, n = WAVE) {
+  const answers = await Promise.all(Array.from({ length: n }, () => chat(model, content)));
+  const statuses = answers.map((a) => a.status);
+  assert.deepEqual(statuses, Array(n).fill(200), `every request of the wave is answered: ${statuses}`);
+  return answers.map((a) => a.headers.get('idem-outcome'));
+}
+
+/** The raw number behind a figure on the page (its data-value). */
+async function figure(id) {
+  const v = await page.locator('#' + id).getAttribute('data-value');
+  if (v === null || v === '') return null;
+  return Number(v);
+}
+
+async function figures(...ids) {
+  const out = {};
+  for (const id of ids) out[id] = await figure(id);
+  return out;
+}
+
+/** Waits until the page shows a fresh poll (its `at` changed). */
+async function nextPoll() {
+  const at = await page.locator('#last-update').getAttribute('data-value');
+  await until('the page polls again', async () => {
+    const now = await page.locator('#last-update').getAttribute('data-value');
+    return { ok: now !== null && now !== at, at: now };
+  }, 10000);
+}
+
+// ------------------------------------------------------------ the gateway
+
+before(async () => {
+  assert.ok(existsSync(IDEM), `no idem binary at ${IDEM} (build it with \`cargo build\`, or set IDEM_BIN)`);
+  assert.ok(existsSync(CHROMIUM), `no Chromium at ${CHROMIUM} (apt-get install -y chromium, or set CHROMIUM)`);
+  work = mkdtempSync(path.join(tmpdir(), 'idem-ui-test-'));
+
+  // A provider that takes 400 ms: waves on it really coalesce.
+  const mock = await startProcess('mock-upstream',
+    ['mock-upstream', '--listen', '127.0.0.1:0', '--latency-ms', '400'], {},
+    /mock-upstream listening on (http:\/\/\S+)/);
+  const upstreamUrl = mock[1];
+  // A provider whose every answer keeps the `support` route's contract.
+  const keeper = await startProcess('mock-upstream (contract keeper)',
+    ['mock-upstream', '--listen', '127.0.0.1:0', '--content', '{"answer": "It is on its way.", "category": "delivery"}'], {},
+    /mock-upstream listening on (http:\/\/\S+)/);
+  const keeperUrl = keeper[1];
+
+  // A provider that accepts the call and never answers: attempts on it
+  // time out after sending, which idem records as `unknown`.
+  silent = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on('error', () => {});
+    socket.on('close', () => sockets.delete(socket));
+  });
+  await new Promise((resolve) => silent.listen(0, '127.0.0.1', resolve));
+  const silentUrl = `http://127.0.0.1:${silent.address().port}/v1`;
+
+  writeFileSync(path.join(work, 'reply.schema.json'), JSON.stringify({
+    type: 'object',
+    properties: { answer: { type: 'string' }, category: { type: 'string' } },
+    required: ['answer', 'category'],
+  }));
+  writeFileSync(path.join(work, 'support.toml'), `
+schema = "reply.schema.json"
+required = ["answer", "category"]
+runs_per_case = 1
+[checks.category]
+enum = ["billing", "delivery", "other"]
+[[cases]]
+name = "order status"
+messages = [{ role = "user", content = "Where is my order 1234?" }]
+expect = { category = "delivery" }
+`);
+  const config = `
+[server]
+listen = "127.0.0.1:0"
+[storage]
+url = "sqlite://${path.join(work, 'idem.db')}"
+[coalescing]
+backend = "${REDIS || 'memory'}"
+redis_prefix = "idem-ui-test-${RUN}"
+[jobs]
+poll_interval = "200ms"
+reconcile_interval = "200ms"
+[log]
+format = "json"
+requests = "off"
+[admin]
+api_keys = ["${ADMIN}"]
+[[tenants]]
+name = "acme"
+api_keys = ["${ACME}"]
+[[tenants]]
+name = "beta"
+api_keys = ["${BETA}"]
+[[providers]]
+name = "builtin-mock"
+kind = "mock"
+[[providers]]
+name = "upstream"
+kind = "openai"
+base_url = "${upstreamUrl}"
+timeout = "10s"
+[[providers]]
+name = "keeper"
+kind = "openai"
+base_url = "${keeperUrl}"
+timeout = "10s"
+[[providers]]
+name = "silent"
+kind = "openai"
+base_url = "${silentUrl}"
+timeout = "1s"
+[providers.breaker]
+failures = 1
+cooldown = "10m"
+[[routes]]
+model = "mock"
+targets = [{ provider = "builtin-mock", model = "mock-1" }]
+[[routes]]
+model = "slow"
+targets = [{ provider = "upstream", model = "gpt-4o-mini" }, { provider = "builtin-mock", model = "mock-1" }]
+[routes.coalesce]
+max_wait = "5s"
+[routes.attempts]
+hedge_after = "150ms"
+[[routes]]
+model = "fragile"
+targets = [{ provider = "silent", model = "never" }]
+[routes.attempts]
+max = 1
+timeout = "300ms"
+[[routes]]
+model = "support"
+contract = "support.toml"
+targets = [{ provider = "builtin-mock", model = "mock-1" }, { provider = "keeper", model = "json-1" },
+           { provider = "builtin-mock", model = "mock-2" }]
+`;
+  const configPath = path.join(work, 'idem.toml');
+  writeFileSync(configPath, config);
+  const serve = await startProcess('idem serve', ['serve', '--config', configPath], {},
+    /"message":"idem listening".*?"addr":"([^"]+)"|"addr":"([^"]+)".*?"message":"idem listening"/);
+  base = 'http://' + (serve[1] || serve[2]);
+
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    // Offline machine: no background connections to Google's hosts.
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+  const context = await browser.newContext({ viewport: { width: 1400, height: 1000 } });
+  page = await context.newPage();
+  page.on('request', (r) => {
+    if (!r.url().startsWith(base + '/') && !r.url().startsWith('data:')) foreignRequests.push(r.url());
+  });
+  page.on('pageerror', (e) => pageErrors.push(String(e)));
+  page.on('console', (m) => {
+    // A refused key is an expected 401/403 on the sign-in test.
+    if (m.type() === 'error' && !/Failed to load resource/.test(m.text())) pageErrors.push(m.text());
+  });
+});
+
+after(async () => {
+  if (browser) await browser.close().catch(() => {});
+  for (const child of children) {
+    if (child.exitCode === null) child.kill('SIGTERM');
+  }
+  await Promise.all(children.map((child) => (child.exitCode !== null ? null
+    : new Promise((resolve) => {
+      const t = setTimeout(() => { child.kill('SIGKILL'); resolve(); }, 5000);
+      child.on('exit', () => { clearTimeout(t); resolve(); });
+    }))));
+  for (const s of sockets) s.destroy();
+  if (silent) silent.close();
+  if (work) rmSync(work, { recursive: true, force: true });
+});
+
+// ------------------------------------------------------------------ tests
+
+test('the page is public; its data needs the admin key', async () => {
+  const ui = await http('GET', '/ui');
+  assert.equal(ui.status, 200);
+  assert.match(ui.headers.get('content-type'), /^text\/html/);
+  assert.match(ui.headers.get('content-security-policy'), /script-src 'self'/);
+  for (const asset of ['/ui/app.js', '/ui/app.css']) {
+    assert.equal((await http('GET', asset)).status, 200, asset);
+  }
+  assert.equal((await http('GET', '/ui/nope.js')).status, 404);
+  for (const p of ['/v1/admin/jobs', '/v1/admin/routes']) {
+    assert.equal((await http('GET', p)).status, 401, `${p} without a key`);
+    assert.equal((await http('GET', p, { key: ACME })).status, 403, `${p} with a tenant key`);
+    assert.equal((await http('GET', p, { key: ADMIN })).status, 200, `${p} with the admin key`);
+  }
+});
+
+test('signing in: a tenant key is refused, the admin key opens the dashboard', async () => {
+  await page.goto(base + '/ui');
+  await page.locator('#login').waitFor({ state: 'visible' });
+
+  await page.fill('#admin-key', ACME);
+  await page.click('#sign-in');
+  await page.locator('#login-error').waitFor({ state: 'visible' });
+  assert.match(await page.textContent('#login-error'), /not an admin key/);
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('idem.adminKey')), null);
+
+  await page.fill('#admin-key', ADMIN);
+  await page.click('#sign-in');
+  await page.locator('#dashboard').waitFor({ state: 'visible' });
+  await until('the page is live', async () => ({ ok: (await page.textContent('#connection')) === 'live' }));
+  await until('the first figures', async () => ({ ok: (await figure('incoming')) !== null }));
+  assert.ok(!page.url().includes(ADMIN), 'the key is not in the URL');
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('idem.adminKey')), ADMIN);
+  assert.equal(await page.inputValue('#admin-key'), '', 'the key is not left in the form');
+});
+
+test('a wave of identical requests: incoming +50, upstream +1, saved +49, on screen', async () => {
+  for (const [model, prompt] of [['mock', `built-in mock wave ${RUN}`], ['slow', `slow provider wave ${RUN}`]]) {
+    await nextPoll();
+    const before = await figures('incoming', 'upstream', 'saved-calls');
+    const outcomes = await wave(model, prompt);
+    assert.equal(outcomes.filter((o) => o === 'leader').length, 1, `one leader on ${model}: ${outcomes}`);
+    const after = await until(`the page shows the ${model} wave`, async () => {
+      const f = await figures('incoming', 'upstream', 'saved-calls');
+      return { ok: f.incoming >= before.incoming + WAVE, ...f };
+    });
+    assert.equal(after.incoming, before.incoming + WAVE, `incoming on ${model}`);
+    assert.equal(after.upstream, before.upstream + 1, `upstream calls on ${model}`);
+    assert.equal(after['saved-calls'], before['saved-calls'] + WAVE - 1, `saved calls on ${model}`);
+  }
+
+  // The 400 ms wave had real followers: their waits are on screen.
+  const waits = await figures('wait-p50', 'wait-p95', 'wait-p99', 'followers', 'duplicate-share');
+  assert.ok(waits.followers >= WAVE - 1, `followers: ${JSON.stringify(waits)}`);
+  assert.ok(waits['wait-p50'] > 50 && waits['wait-p50'] <= waits['wait-p95'] && waits['wait-p95'] <= waits['wait-p99'],
+    `wait percentiles: ${JSON.stringify(waits)}`);
+  assert.ok(waits['duplicate-share'] > 0.9, `duplicate share: ${JSON.stringify(waits)}`);
+
+  // The page agrees with the API.
+  const stats = (await http('GET', '/v1/stats', { key: ADMIN })).json;
+  await nextPoll();
+  const shown = await figures('incoming', 'upstream');
+  assert.ok(shown.incoming >= stats.coalescing.incoming_requests);
+  assert.ok(shown.upstream >= stats.coalescing.upstream_calls);
+
+  // The chart has points, and the waves show as incoming far above upstream.
+  const chart = await page.locator('#chart').getAttribute('data-points');
+  assert.ok(Number(chart) >= 2, `chart points: ${chart}`);
+  const peakIn = Number(await page.locator('#chart polyline[data-series=incoming]').getAttribute('data-max'));
+  const peakUp = Number(await page.locator('#chart polyline[data-series=upstream]').getAttribute('data-max'));
+  assert.ok(peakIn >= 10 && peakIn > 5 * peakUp, `chart peaks: incoming ${peakIn}/s, upstream ${peakUp}/s`);
+});
+
+let hedged;
+let held;
+
+test('jobs: by state, unknown attempts highlighted, attempt races counted', async () => {
+  const before = await figures('jobs-succeeded', 'unknown-attempts', 'attempt-races');
+  assert.equal(before['unknown-attempts'], 0);
+
+  // On `slow`: the first attempt takes 400 ms, a hedge starts after 150 ms
+  // on the built-in mock and wins; the first finishes later and is discarded.
+  const a = await http('POST', '/v1/jobs', {
+    key: BETA,
+    headers: { 'idempotency-key': `ui-hedge-${RUN}` },
+    body: { request: { model: 'slow', messages: [{ role: 'user', content: `hedged job ${RUN}` }] }, metadata: { order: 45 } },
+  });
+  assert.equal(a.status, 201, a.text);
+  hedged = a.json.id;
+  // On `fragile`: the provider never answers; after 300 ms the attempt is unknown.
+  const b = await http('POST', '/v1/jobs', {
+    key: ACME,
+    headers: { 'idempotency-key': `ui-unknown-${RUN}` },
+    body: { request: { model: 'fragile', messages: [{ role: 'user', content: `unanswered job ${RUN}` }] } },
+  });
+  assert.equal(b.status, 201, b.text);
+  held = b.json.id;
+
+  const after = await until('the page shows the jobs', async () => {
+    const f = await figures('jobs-succeeded', 'unknown-attempts', 'attempt-races');
+    return { ok: f['jobs-succeeded'] === before['jobs-succeeded'] + 1 && f['unknown-attempts'] === 1
+      && f['attempt-races'] === before['attempt-races'] + 1, ...f };
+  });
+  assert.ok(after);
+  assert.ok(await page.locator('#unknown-card').evaluate((n) => n.classList.contains('alert')), 'unknown attempts highlighted');
+  await until('the held job is listed', async () => ({
+    ok: await page.locator(`#held-jobs tr[data-job-id="${held}"]`).count() === 1,
+  }));
+  const heldRow = page.locator(`#held-jobs tr[data-job-id="${held}"]`);
+  assert.match(await heldRow.textContent(), /acme/);
+  assert.match(await heldRow.textContent(), /#1/);
+  await until('both jobs in the recent list', async () => ({
+    ok: await page.locator(`#recent-jobs tr[data-job-id="${hedged}"]`).count() === 1
+      && await page.locator(`#recent-jobs tr[data-job-id="${held}"]`).count() === 1,
+  }));
+  assert.ok(await page.locator(`#recent-jobs tr[data-job-id="${held}"]`).evaluate((n) => n.classList.contains('held')));
+
+  // The provider that never answers: its call times out after 1 s, and one
+  // failure opens its circuit. The attempt stays unknown all the same.
+  const fragile = page.locator('[data-testid="target-fragile-0"] .circuit');
+  await until('the silent target\'s circuit opens', async () => ({ ok: (await fragile.getAttribute('data-state')) === 'open' }));
+  assert.match(await fragile.textContent(), /probe in/);
+  assert.equal(await page.locator('[data-testid="target-slow-0"] .circuit').getAttribute('data-state'), 'closed');
+});
+
+test('targets: certification for the contract, as certified', async () => {
+  const cert = (i) => page.locator(`[data-testid="target-support-${i}"] .cert`).getAttribute('data-state');
+  assert.deepEqual([await cert(0), await cert(1), await cert(2)], ['never', 'never', 'never']);
+  assert.equal(await page.locator('[data-testid="target-slow-0"] .cert').getAttribute('data-state'), 'no contract');
+  // Certify the fallbacks (what `idem certify --route support` does).
+  const r = await http('POST', '/v1/admin/certify', { key: ADMIN, body: { route: 'support' } });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.json.passed, false, 'the built-in mock does not answer in JSON');
+  await until('the page shows the certifications', async () => {
+    const states = [await cert(0), await cert(1), await cert(2)];
+    return { ok: states.join() === 'never,certified,failed', states };
+  });
+  const allowed = (i) => page.locator(`[data-testid="target-support-${i}"] .failover`).getAttribute('data-value');
+  assert.deepEqual([await allowed(1), await allowed(2)], ['true', 'false']);
+  assert.equal(await page.locator('#routes tbody tr').count(), 7);
+});
+
+test('the job page shows the attempts on a timeline', async () => {
+  await page.click(`#recent-jobs tr[data-job-id="${hedged}"] a`);
+  await page.locator('#job-page').waitFor({ state: 'visible' });
+  assert.ok(page.url().endsWith('#/jobs/' + hedged), page.url());
+  await until('the job is shown', async () => ({ ok: (await page.textContent('#job-state')) === 'succeeded' }));
+  assert.equal(await page.textContent('#job-tenant'), 'beta');
+  assert.equal(await page.textContent('#job-completed-by'), '#2');
+  const first = page.locator('[data-testid="attempt-bar-1"]');
+  const second = page.locator('[data-testid="attempt-bar-2"]');
+  await until('the first attempt is discarded', async () => ({ ok: (await first.getAttribute('data-state')) === 'discarded' }));
+  assert.equal(await first.getAttribute('data-hedge'), 'false');
+  assert.equal(await first.getAttribute('data-discarded'), 'true');
+  assert.equal(await second.getAttribute('data-state'), 'succeeded');
+  assert.equal(await second.getAttribute('data-hedge'), 'true');
+  for (const bar of [first, second]) {
+    const width = Number(await bar.locator('rect').getAttribute('width'));
+    assert.ok(width >= 3, `a bar is drawn: ${width}`);
+  }
+  // The discarded attempt ran longer than the hedge that won.
+  const w1 = Number(await first.locator('rect').getAttribute('width'));
+  const w2 = Number(await second.locator('rect').getAttribute('width'));
+  assert.ok(w1 > w2, `bar widths ${w1} > ${w2}`);
+  mkdirSync(SHOTS, { recursive: true });
+  await page.setViewportSize({ width: 1400, height: 720 });
+  await page.screenshot({ path: path.join(SHOTS, 'job.png'), fullPage: true });
+  await page.setViewportSize({ width: 1400, height: 1000 });
+
+  await page.goto(base + '/ui#/jobs/' + held);
+  await until('the held job is shown', async () => ({
+    ok: (await page.locator('[data-testid="attempt-bar-1"]').getAttribute('data-state')) === 'unknown',
+  }));
+  assert.equal(await page.textContent('#job-state'), 'running');
+  assert.equal(await page.locator('[data-testid="attempt-1"]').getAttribute('data-state'), 'unknown');
+
+  await page.goto(base + '/ui#/jobs/00000000-0000-7000-8000-000000000000');
+  await page.locator('#job-missing').waitFor({ state: 'visible' });
+});
+
+test('under load: the chart moves, and a screenshot of it', async () => {
+  await page.goto(base + '/ui#/');
+  await page.locator('#dashboard').waitFor({ state: 'visible' });
+  // Bounded load for about 6 s: every 100 ms, 8 requests over 3 prompts on
+  // the 400 ms provider, read past the cache so that they coalesce.
+  const prompts = [0, 1, 2].map((i) => `load ${i} ${RUN}`);
+  const pending = [];
+  const started = Date.now();
+  let shot = false;
+  for (let round = 0; round < 60; round++) {
+    for (let i = 0; i < 8; i++) {
+      pending.push(chat('slow', prompts[(round + i) % 3], i % 2 ? ACME : BETA, { 'cache-control': 'no-cache' }));
+    }
+    if (!shot && Date.now() - started > 4500) {
+      await nextPoll();
+      mkdirSync(SHOTS, { recursive: true });
+      await page.screenshot({ path: path.join(SHOTS, 'dashboard.png'), fullPage: true });
+      shot = true;
+    }
+    await sleep(100);
+  }
+  const answers = await Promise.all(pending);
+  assert.ok(answers.every((a) => a.status === 200), 'every request under load is answered');
+  assert.ok(shot, 'a screenshot was taken under load');
+  await nextPoll();
+  const rateIn = await figure('rate-incoming');
+  const inflight = await figure('inflight-flights');
+  assert.ok(rateIn !== null && inflight !== null);
+  const peakIn = Number(await page.locator('#chart polyline[data-series=incoming]').getAttribute('data-max'));
+  assert.ok(peakIn > 20, `the load shows on the chart: ${peakIn}/s`);
+});
+
+test('the coalescing backend and Redis status are shown', async () => {
+  const backend = await page.textContent('#backend');
+  const redis = await page.getAttribute('#redis-status', 'data-value');
+  if (REDIS) {
+    assert.equal(backend, 'redis');
+    assert.equal(redis, 'connected');
+  } else {
+    assert.equal(backend, 'memory');
+    assert.equal(redis, 'not used');
+  }
+  assert.equal(await figure('redis-errors'), 0);
+  const tenants = await page.locator('#tenants tbody tr').count();
+  assert.equal(tenants, 2);
+});
+
+test('signing out forgets the key; nothing left this origin; no script errors', async () => {
+  await page.click('#sign-out');
+  await page.locator('#login').waitFor({ state: 'visible' });
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('idem.adminKey')), null);
+  assert.deepEqual(foreignRequests, [], 'the page fetched nothing from another origin');
+  assert.deepEqual(pageErrors, [], 'no script errors');
+});
