@@ -14,12 +14,13 @@
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::jobs::{check_id, parse_cursor};
+use super::{ApiPath, ApiQuery};
 use super::{AppState, Caller};
 use crate::contracts::certify::{self, CertifyError};
 use crate::contracts::registry::{self, CertView};
@@ -154,7 +155,7 @@ fn admin_job(job: &JobRecord, attempts: Option<&[crate::store::AttemptRecord]>) 
 pub async fn jobs(
     State(app): State<AppState>,
     caller: Caller,
-    Query(q): Query<JobsQuery>,
+    ApiQuery(q): ApiQuery<JobsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require_admin()?;
     let limit = match q.limit.as_deref() {
@@ -259,7 +260,7 @@ async fn held_by_unknown(
 pub async fn job(
     State(app): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require_admin()?;
     check_id(&id)?;

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use super::error::ApiError;
 use super::openai::{content_length, fingerprint_of};
 use super::validate;
+use super::{ApiPath, ApiQuery};
 use super::{AppState, Caller};
 use crate::jobs::{IDEM_JOB_ID, IDEMPOTENT_REPLAYED, idempotency_key, job_json};
 use crate::reqlog::Entry;
@@ -78,7 +79,13 @@ pub async fn create(
     } else {
         StatusCode::OK
     };
-    let body = with_attempts(&app, &created.job).await?;
+    // A job created just now has no attempts to show yet; an existing one
+    // is read with its attempts.
+    let body = if created.new {
+        job_json(&created.job, Some(&[]))
+    } else {
+        with_attempts(&app, &created.job).await?
+    };
     let mut resp = (status, Json(body)).into_response();
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&created.job.id) {
@@ -100,7 +107,7 @@ pub async fn create(
 pub async fn get(
     State(app): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = caller.tenant()?;
     let job = load(&app, &tenant, &id).await?;
@@ -127,7 +134,7 @@ pub(super) fn parse_cursor(text: &str) -> Option<Cursor> {
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
-    Query(q): Query<ListQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = caller.tenant()?;
     let state = match q.state.as_deref() {
@@ -176,7 +183,7 @@ pub async fn list(
 pub async fn retry(
     State(app): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?;
     let job = load(&app, &tenant, &id).await?;
@@ -229,7 +236,7 @@ pub struct Resolution {
 pub async fn resolve(
     State(app): State<AppState>,
     caller: Caller,
-    Path((id, n)): Path<(String, String)>,
+    ApiPath((id, n)): ApiPath<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
@@ -331,7 +338,7 @@ pub async fn resolve(
 pub async fn cancel(
     State(app): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = caller.tenant()?;
     check_id(&id)?;

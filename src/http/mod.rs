@@ -121,6 +121,50 @@ impl Caller {
     }
 }
 
+/// `Query` whose rejection is an OpenAI error object.
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(e) => Err(ApiError::bad_request(
+                e.body_text(),
+                "invalid_parameter",
+                None,
+            )),
+        }
+    }
+}
+
+/// `Path` whose rejection is an OpenAI error object.
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(ApiPath(v)),
+            Err(e) => Err(ApiError::bad_request(
+                e.body_text(),
+                "invalid_parameter",
+                None,
+            )),
+        }
+    }
+}
+
 /// The router of one gateway.
 pub fn router(state: AppState) -> Router {
     Router::new()

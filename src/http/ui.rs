@@ -17,11 +17,11 @@
 //! elsewhere.
 
 use axum::Router;
-use axum::extract::Path;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
+use super::ApiPath;
 use super::AppState;
 use super::error::ApiError;
 
@@ -47,7 +47,7 @@ async fn index() -> Response {
     static_file("text/html; charset=utf-8", INDEX_HTML)
 }
 
-async fn asset(Path(name): Path<String>) -> Result<Response, ApiError> {
+async fn asset(ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
     match name.as_str() {
         "app.js" => Ok(static_file("text/javascript; charset=utf-8", APP_JS)),
         "app.css" => Ok(static_file("text/css; charset=utf-8", APP_CSS)),

@@ -382,8 +382,12 @@ impl AttemptCtx {
         };
         let work = async {
             let delivery = app.coalescer.obtain(&ask).await?;
+            // `running`: the provider answered with headers and the body is
+            // still coming. An answer that arrives whole goes straight from
+            // `starting` to its end, one write fewer.
             if let Source::Live(flight) = &delivery.source
                 && flight.head(None).await.is_some()
+                && !flight.is_done()
             {
                 let _ = app.jobs.store.attempt_running(&a.job_id, a.n).await;
             }

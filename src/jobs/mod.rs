@@ -133,7 +133,7 @@ impl Jobs {
             payload_hash: hash.clone(),
             fingerprint: fp.to_string(),
             route: route.name.to_string(),
-            request: Value::Object((*request.body).clone()).to_string(),
+            request: serde_json::to_string(&*request.body).unwrap_or_default(),
             metadata: metadata.map(Value::to_string),
             created_at: now_ms(),
         };

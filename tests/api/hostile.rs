@@ -466,6 +466,20 @@ fn table(other_tenants_job: &str) -> Vec<Case> {
             "invalid_value",
         ),
         get(
+            "a page size that is not a number",
+            "/v1/jobs?limit=abc".into(),
+            Some(ACME),
+            400,
+            "invalid_parameter",
+        ),
+        get(
+            "a negative page size",
+            "/v1/jobs?limit=-1".into(),
+            Some(ACME),
+            400,
+            "invalid_parameter",
+        ),
+        get(
             "a forged cursor",
             "/v1/jobs?after=1_'%20OR%201%3D1".into(),
             Some(ACME),
