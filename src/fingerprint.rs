@@ -170,7 +170,9 @@ pub fn write_canonical(value: &Value, out: &mut impl Write) -> io::Result<()> {
 /// run of whitespace (newlines included) to one space, except inside fenced
 /// code blocks (from a line starting with ```` ``` ```` to the next such line,
 /// or to the end of the text), whose lines are kept verbatim; the blocks are
-/// joined with `\n`, so only line endings change inside a fence. `Casefold`
+/// joined with `\n`, so only line endings change inside a fence (carriage
+/// returns at the end of a line count as its line ending, which keeps the
+/// normal form normal: normalizing twice changes nothing). `Casefold`
 /// also lower-cases (Unicode) the text outside fences. Text that is already
 /// normal is borrowed, not copied.
 pub fn normalize_text(text: &str, mode: Normalize) -> Cow<'_, str> {
@@ -187,6 +189,9 @@ pub fn normalize_text(text: &str, mode: Normalize) -> Cow<'_, str> {
     let mut prose = String::new();
     let mut in_fence = false;
     for line in text.lines() {
+        // `lines` strips one "\r" before a "\n"; strip them all, or
+        // "x\r\r\n" would become "x\r\n", then "x\n" (found by fuzzing).
+        let line = line.trim_end_matches('\r');
         let is_fence = line.trim_start().starts_with("```");
         if in_fence {
             out.push('\n');
@@ -1132,5 +1137,48 @@ mod tests {
             let once = normalize_text(&text, mode).into_owned();
             prop_assert_eq!(normalize_text(&once, mode), once.as_str());
         }
+    }
+
+    /// Found by the `canonical` fuzz target: an integer too large for u64
+    /// is a float whose shortest spelling must parse back to the same
+    /// float (serde_json's `float_roundtrip`), or the canonical form of a
+    /// re-parsed request would differ from the original's.
+    #[test]
+    fn canonical_numbers_survive_a_reparse() {
+        for text in [
+            "1844674407373709551609551616",
+            "1.8446744073737094e27",
+            "2.2250738585072011e-308",
+            "9007199254740993",
+            "0.30000000000000004",
+        ] {
+            let v: Value = serde_json::from_str(text).unwrap();
+            let mut first = Vec::new();
+            write_canonical(&v, &mut first).unwrap();
+            let again: Value = serde_json::from_slice(&first).unwrap();
+            let mut second = Vec::new();
+            write_canonical(&again, &mut second).unwrap();
+            assert_eq!(
+                String::from_utf8(first).unwrap(),
+                String::from_utf8(second).unwrap(),
+                "{text}"
+            );
+        }
+    }
+
+    /// Found by the `canonical` fuzz target: carriage returns at the end of
+    /// a fenced line were stripped one per pass.
+    #[test]
+    fn normalizing_fenced_carriage_returns_twice_changes_nothing() {
+        for text in ["```\n.\r\r\r\n[", "```\r\nx\r\n\r\n```\r\n", "```\nx\r"] {
+            for mode in [Normalize::Whitespace, Normalize::Casefold] {
+                let once = normalize_text(text, mode).into_owned();
+                assert_eq!(normalize_text(&once, mode), once.as_str(), "{text:?}");
+            }
+        }
+        assert_eq!(
+            normalize_text("```\n.\r\r\r\n[", Normalize::Whitespace),
+            "```\n.\n["
+        );
     }
 }

@@ -36,9 +36,25 @@ pub struct LeaderJob {
     pub read_cache: bool,
     pub read_negative: bool,
     pub write_cache: bool,
+    /// A job attempt: it names its target, so a cached answer serves it only
+    /// if that target produced it (the attempt's row names its provider and
+    /// model; another target's answer would be credited to the wrong one).
+    pub pinned: bool,
     pub cache: Arc<ResultCache>,
     pub shared: Arc<OnceLock<Arc<RedisFlights>>>,
     pub metrics: Arc<Metrics>,
+}
+
+impl LeaderJob {
+    /// Whether a cached answer may finish this flight.
+    fn may_serve(&self, answer: &Answer) -> bool {
+        !self.pinned
+            || self
+                .route
+                .targets
+                .get(self.target)
+                .is_some_and(|t| answer.provider == t.provider.name && answer.model == t.model)
+    }
 }
 
 /// How long an ended flight's answer stays readable for followers on other
@@ -54,6 +70,7 @@ pub async fn lead(job: LeaderJob) {
     // finds that flight's answer in the cache: no second call.
     if job.read_cache
         && let Some(answer) = job.cache.fresh(&job.fp)
+        && job.may_serve(&answer)
     {
         flight.set_origin(Origin::Cache);
         flight.finish(answer);
@@ -170,9 +187,17 @@ async fn share(job: &LeaderJob, flight: &Arc<Flight>, shared: Arc<RedisFlights>)
     let lease = cfg.coalesce.lease;
     let token = uuid::Uuid::now_v7().simple().to_string();
     let key = flight.key;
-    let begin = shared
+    let mut begin = shared
         .begin(&key, &token, lease, job.read_cache, job.read_negative)
         .await;
+    if let Ok(Begin::Hit(answer, _)) = &begin
+        && !job.may_serve(answer)
+    {
+        // Another target's answer: this attempt asks its own target.
+        begin = shared
+            .begin(&key, &token, lease, false, job.read_negative)
+            .await;
+    }
     let leader = match begin {
         Ok(Begin::Hit(answer, left)) => {
             if left > Duration::ZERO {

@@ -321,6 +321,7 @@ impl Coalescer {
             read_cache: ask.read_cache,
             read_negative: ask.read_negative,
             write_cache: ask.write_cache,
+            pinned: ask.only_target.is_some(),
             cache: self.cache.clone(),
             shared: self.shared.clone(),
             metrics: self.metrics.clone(),

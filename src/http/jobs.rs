@@ -61,42 +61,8 @@ pub async fn create(
     })?;
     let bytes =
         validate::read_body(body, content_length(&headers), caller.body_limit(&app)).await?;
-    let mut outer = validate::parse_object(&bytes, app.limits.max_json_depth)?;
-    let request = match outer.remove("request") {
-        Some(Value::Object(r)) => r,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`request` must be an object",
-                "invalid_type",
-                Some("request"),
-            ));
-        }
-        None => {
-            return Err(ApiError::bad_request(
-                "`request` (a chat completion body) is required",
-                "missing_required_parameter",
-                Some("request"),
-            ));
-        }
-    };
-    let metadata = match outer.remove("metadata") {
-        None | Some(Value::Null) => None,
-        Some(m @ Value::Object(_)) => Some(m),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`metadata` must be an object",
-                "invalid_type",
-                Some("metadata"),
-            ));
-        }
-    };
-    if let Some(extra) = outer.keys().next() {
-        return Err(ApiError::bad_request(
-            format!("unknown field `{extra}`"),
-            "unknown_parameter",
-            Some(extra),
-        ));
-    }
+    let outer = validate::parse_object(&bytes, app.limits.max_json_depth)?;
+    let (request, metadata) = validate::job_body(outer)?;
     let req = validate::chat_request(request, &app.limits)?;
     let route = app
         .routes

@@ -277,6 +277,38 @@ pub fn chat_request(body: Map<String, Value>, limits: &Limits) -> Result<ChatReq
     })
 }
 
+/// Checks the shape of a `POST /v1/jobs` body, `{"request": {..},
+/// "metadata": {..}}`: returns the chat completion body (still to be checked
+/// by [`chat_request`]) and the metadata, if any. Unknown fields are refused.
+pub fn job_body(
+    mut outer: Map<String, Value>,
+) -> Result<(Map<String, Value>, Option<Value>), ApiError> {
+    let request = match outer.remove("request") {
+        Some(Value::Object(r)) => r,
+        Some(_) => return Err(wrong_type("request", "an object")),
+        None => {
+            return Err(ApiError::bad_request(
+                "`request` (a chat completion body) is required",
+                "missing_required_parameter",
+                Some("request"),
+            ));
+        }
+    };
+    let metadata = match outer.remove("metadata") {
+        None | Some(Value::Null) => None,
+        Some(m @ Value::Object(_)) => Some(m),
+        Some(_) => return Err(wrong_type("metadata", "an object")),
+    };
+    if let Some(extra) = outer.keys().next() {
+        return Err(ApiError::bad_request(
+            format!("unknown field `{extra}`"),
+            "unknown_parameter",
+            Some(extra),
+        ));
+    }
+    Ok((request, metadata))
+}
+
 fn check_message(i: usize, m: &Value) -> Result<(), ApiError> {
     let at = |k: &str| format!("messages[{i}].{k}");
     let Value::Object(m) = m else {

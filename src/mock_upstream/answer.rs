@@ -125,16 +125,7 @@ impl Answer {
             .unwrap_or_default();
         let content = match content {
             Some(content) => content.to_owned(),
-            None => {
-                let last_user = messages
-                    .iter()
-                    .rev()
-                    .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-                    .map(message_text)
-                    .unwrap_or_default();
-                let echo: String = last_user.chars().take(ECHO_CHARS).collect();
-                format!("mock answer #{seq} to: {echo}")
-            }
+            None => format!("mock answer #{seq} to: {}", echoed(request)),
         };
         let prompt_chars = messages
             .iter()
@@ -165,6 +156,25 @@ impl Answer {
             "total_tokens": self.prompt_tokens + completion_tokens,
         })
     }
+}
+
+/// What a generated answer echoes: the last user message's text, its first
+/// 200 characters.
+pub(crate) fn echoed(request: &Value) -> String {
+    request
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|messages| {
+            messages
+                .iter()
+                .rev()
+                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        })
+        .map(message_text)
+        .unwrap_or_default()
+        .chars()
+        .take(ECHO_CHARS)
+        .collect()
 }
 
 /// The text of a message: a string content, or its text parts joined by spaces.

@@ -35,13 +35,22 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Behaviour of the mock, set by CLI flags at start and changeable at run time.
 ///
 /// The order of effects for one request: count and record it; hold it if
-/// `hold` or `hang`; sleep `latency_ms`; drop the connection with probability
-/// `reset_rate`; fail with `fail_status`; else answer.
+/// `hold` or `hang`; sleep `latency_ms` (plus up to `latency_jitter_ms`, plus
+/// `stall_ms` with probability `stall_rate`); drop the connection with
+/// probability `reset_rate`; fail with `fail_status`; else answer.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Behaviour {
     /// Delay before answering (after counting the call and any hold).
     pub latency_ms: u64,
+    /// Extra delay, uniform in `0..=latency_jitter_ms`, drawn per call:
+    /// concurrent calls then finish in a shuffled (often reversed) order.
+    pub latency_jitter_ms: u64,
+    /// Probability that a call stalls `stall_ms` longer before answering: a
+    /// provider that hangs for a while, then answers.
+    pub stall_rate: f64,
+    /// How long a stalled call stalls.
+    pub stall_ms: u64,
     /// Answer with this status and an OpenAI error body ...
     pub fail_status: Option<u16>,
     /// ... with this probability (0..=1); 0 with `fail_status` set means always.
@@ -69,6 +78,15 @@ pub struct MockArgs {
     /// Delay before answering, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub latency_ms: u64,
+    /// Extra delay per call, uniform in 0..=N milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_jitter_ms: u64,
+    /// Probability that a call stalls `--stall-ms` longer.
+    #[arg(long, default_value_t = 0.0)]
+    pub stall_rate: f64,
+    /// How long a stalled call stalls, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub stall_ms: u64,
     /// Answer with this HTTP status and an OpenAI error body.
     #[arg(long)]
     pub fail_status: Option<u16>,
@@ -100,6 +118,9 @@ impl MockArgs {
     pub fn behaviour(&self) -> Behaviour {
         Behaviour {
             latency_ms: self.latency_ms,
+            latency_jitter_ms: self.latency_jitter_ms,
+            stall_rate: self.stall_rate,
+            stall_ms: self.stall_ms,
             fail_status: self.fail_status,
             fail_rate: self.fail_rate,
             retry_after: self.retry_after,
@@ -144,6 +165,43 @@ pub struct RecordedRequest {
     pub authorization: Option<String>,
     /// Whether the request asked for `"stream": true`.
     pub stream: bool,
+}
+
+/// One chat completion call in the mock's call log (`GET /_mock/calls`,
+/// [`MockServer::calls`]). Unlike `last_requests` the log keeps every call
+/// (up to a million), so a test can count upstream calls per prompt and
+/// find which call produced an answer (its `seq` is in the answer's
+/// content and id).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    /// Call number, as in the answer (`mock answer #<seq> ...`).
+    pub seq: u64,
+    /// Arrival, in milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    /// When the answer (or failure) started, if it did.
+    pub done_ms: Option<i64>,
+    /// The request's `model`.
+    pub model: Option<String>,
+    /// The request's `user` field.
+    pub user: Option<String>,
+    /// The last user message's text, as echoed in the generated answer.
+    pub prompt: String,
+    pub stream: bool,
+    /// `pending` (no answer: held, in its latency, or its client left),
+    /// `completed`, `failed` or `reset`.
+    pub outcome: CallOutcome,
+    /// The status answered, for `completed` and `failed`.
+    pub status: Option<u16>,
+}
+
+/// How a logged call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallOutcome {
+    Pending,
+    Completed,
+    Failed,
+    Reset,
 }
 
 /// A running mock upstream, serving in a background tokio task.
@@ -194,6 +252,12 @@ impl MockServer {
     /// The same as `GET /_mock/stats`.
     pub fn stats(&self) -> Stats {
         self.shared.stats()
+    }
+
+    /// Every call since the start or the last reset, in arrival order (the
+    /// same as `GET /_mock/calls`).
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.shared.calls()
     }
 
     /// Replaces the behaviour; requests already held keep waiting (release them).

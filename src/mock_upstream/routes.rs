@@ -34,6 +34,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/_mock/stats", get(stats))
+        .route("/_mock/calls", get(calls))
         .route("/_mock/reset", post(reset))
         .route(
             "/_mock/behaviour",
@@ -61,7 +62,7 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
     let arrival = shared.arrive(Arc::clone(&request), authorization, stream);
     if !valid {
-        shared.count(&arrival, Outcome::Failed);
+        shared.count(&arrival, Outcome::Failed(400));
         return error(400, "mock: the body is not a JSON object", None);
     }
 
@@ -74,10 +75,10 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
     // Read again: a test may change the behaviour while requests are held,
     // and released requests follow the behaviour of the moment they resume.
     let behaviour = shared.behaviour();
-    pause(&shared, Duration::from_millis(behaviour.latency_ms)).await;
+    pause(&shared, delay(&behaviour)).await;
 
     if let Some(status) = release.status {
-        shared.count(&arrival, Outcome::Failed);
+        shared.count(&arrival, Outcome::Failed(status));
         return error(status, "mock failure", behaviour.retry_after);
     }
     // A release that chose the content chose success: no random failure.
@@ -93,7 +94,7 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
                 1.0
             };
             if chance(rate) {
-                shared.count(&arrival, Outcome::Failed);
+                shared.count(&arrival, Outcome::Failed(status));
                 return error(status, "mock failure", behaviour.retry_after);
             }
         }
@@ -179,6 +180,27 @@ fn json_response(status: StatusCode, value: &Value) -> Response {
         .into_response()
 }
 
+/// How long one call waits before answering: the latency, its jitter, and a
+/// stall if one is drawn.
+fn delay(behaviour: &Behaviour) -> Duration {
+    let jitter = if behaviour.latency_jitter_ms > 0 {
+        rand::random_range(0..=behaviour.latency_jitter_ms)
+    } else {
+        0
+    };
+    let stall = if chance(behaviour.stall_rate) {
+        behaviour.stall_ms
+    } else {
+        0
+    };
+    Duration::from_millis(
+        behaviour
+            .latency_ms
+            .saturating_add(jitter)
+            .saturating_add(stall),
+    )
+}
+
 /// True with probability `p` (never for `p <= 0`, always for `p >= 1`).
 fn chance(p: f64) -> bool {
     p > 0.0 && rand::random::<f64>() < p
@@ -206,6 +228,11 @@ async fn models() -> Response {
 
 async fn stats(State(shared): State<Arc<Shared>>) -> Response {
     json_of(&shared.stats())
+}
+
+/// `GET /_mock/calls`: every call since the start or the last reset.
+async fn calls(State(shared): State<Arc<Shared>>) -> Response {
+    json_of(&shared.calls())
 }
 
 /// `POST /_mock/reset`: answers the (zeroed) stats.

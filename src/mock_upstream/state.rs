@@ -14,10 +14,14 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{Behaviour, RecordedRequest, Stats};
+use super::{Behaviour, CallOutcome, CallRecord, RecordedRequest, Stats};
 
 /// How many requests `last_requests` keeps.
 const RECORDED: usize = 50;
+
+/// How many calls the call log keeps (a few hundred bytes each); later calls
+/// are counted but not logged.
+const CALL_LOG: usize = 1_000_000;
 
 /// How a held request continues once released.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +37,8 @@ pub(crate) struct Arrival {
     pub(crate) seq: u64,
     /// The reset generation the request arrived in; a reset starts a new one.
     pub(crate) epoch: u64,
+    /// Its place in the call log, if it was logged.
+    log: Option<usize>,
 }
 
 pub(crate) struct Shared {
@@ -58,6 +64,8 @@ pub(crate) struct Shared {
 struct Registry {
     next_seq: u64,
     last: VecDeque<Recorded>,
+    /// Every call, in arrival order (up to [`CALL_LOG`]).
+    log: Vec<CallRecord>,
     /// Held requests by seq, with the epoch they were held in.
     gates: BTreeMap<u64, (u64, oneshot::Sender<Release>)>,
 }
@@ -73,7 +81,8 @@ struct Recorded {
 #[derive(Clone, Copy)]
 pub(crate) enum Outcome {
     Completed,
-    Failed,
+    /// Answered with this error status.
+    Failed(u16),
     Reset,
 }
 
@@ -123,12 +132,30 @@ impl Shared {
         authorization: Option<String>,
         stream: bool,
     ) -> Arrival {
+        // Built before taking the lock; numbered under it.
+        let text = |key: &str| body.get(key).and_then(Value::as_str).map(str::to_owned);
+        let mut call = CallRecord {
+            seq: 0,
+            at_ms: now_ms(),
+            done_ms: None,
+            model: text("model"),
+            user: text("user"),
+            prompt: super::answer::echoed(&body),
+            stream,
+            outcome: CallOutcome::Pending,
+            status: None,
+        };
         let mut registry = self.registry();
         registry.next_seq += 1;
         let seq = registry.next_seq;
         if registry.last.len() == RECORDED {
             registry.last.pop_front();
         }
+        let log = (registry.log.len() < CALL_LOG).then(|| {
+            call.seq = seq;
+            registry.log.push(call);
+            registry.log.len() - 1
+        });
         registry.last.push_back(Recorded {
             seq,
             body,
@@ -140,6 +167,7 @@ impl Shared {
         Arrival {
             seq,
             epoch: self.epoch.load(Ordering::Relaxed),
+            log,
         }
     }
 
@@ -148,12 +176,28 @@ impl Shared {
         if self.epoch.load(Ordering::Relaxed) != arrival.epoch {
             return;
         }
-        let counter = match outcome {
-            Outcome::Completed => &self.completed,
-            Outcome::Failed => &self.failed,
-            Outcome::Reset => &self.resets,
+        let (counter, logged, status) = match outcome {
+            Outcome::Completed => (&self.completed, CallOutcome::Completed, Some(200)),
+            Outcome::Failed(status) => (&self.failed, CallOutcome::Failed, Some(status)),
+            Outcome::Reset => (&self.resets, CallOutcome::Reset, None),
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(index) = arrival.log {
+            let mut registry = self.registry();
+            // Checked again under the lock: a reset empties the log.
+            if self.epoch.load(Ordering::Relaxed) == arrival.epoch
+                && let Some(call) = registry.log.get_mut(index)
+            {
+                call.outcome = logged;
+                call.status = status;
+                call.done_ms = Some(now_ms());
+            }
+        }
+    }
+
+    /// The call log, in arrival order.
+    pub(crate) fn calls(&self) -> Vec<CallRecord> {
+        self.registry().log.clone()
     }
 
     /// Counts one request in flight until the returned guard is dropped.
@@ -219,6 +263,7 @@ impl Shared {
         self.epoch.fetch_add(1, Ordering::Relaxed);
         registry.next_seq = 0;
         registry.last.clear();
+        registry.log.clear();
         let gates = std::mem::take(&mut registry.gates);
         self.held.send_replace(0);
         for counter in [&self.calls, &self.completed, &self.failed, &self.resets] {
@@ -267,6 +312,10 @@ impl Shared {
             last_requests,
         }
     }
+}
+
+fn now_ms() -> i64 {
+    crate::store::now_ms()
 }
 
 /// Keeps `in_flight` counted while alive (for streams: until the last chunk).

@@ -619,3 +619,97 @@ async fn concurrent_calls_each_get_their_own_seq() {
     assert_eq!(stats.last_requests.len(), 50);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_call_log_keeps_every_call_with_its_prompt_user_and_outcome() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    for i in 0..60 {
+        let mut body = chat(&format!("q{i}"));
+        body["user"] = json!(if i % 2 == 0 { "acme" } else { "beta" });
+        assert_eq!(post(&client, &server, &body).await.status(), 200);
+    }
+    server.set_behaviour(Behaviour {
+        fail_status: Some(429),
+        ..Behaviour::default()
+    });
+    assert_eq!(post(&client, &server, &chat("late")).await.status(), 429);
+    let calls = server.calls();
+    // More than `last_requests` keeps.
+    assert_eq!(calls.len(), 61);
+    assert_eq!(calls[0].seq, 1);
+    assert_eq!(calls[0].prompt, "q0");
+    assert_eq!(calls[0].user.as_deref(), Some("acme"));
+    assert_eq!(calls[1].user.as_deref(), Some("beta"));
+    assert_eq!(calls[0].model.as_deref(), Some("gpt-test"));
+    assert_eq!(calls[0].outcome, CallOutcome::Completed);
+    assert_eq!(calls[60].outcome, CallOutcome::Failed);
+    assert_eq!(calls[60].status, Some(429));
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.done_ms.is_some_and(|d| d >= c.at_ms))
+    );
+    let over_http: Vec<CallRecord> = client
+        .get(format!("http://{}/_mock/calls", server.addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(over_http, calls);
+    control(&client, &server, "reset", json!({})).await;
+    assert!(server.calls().is_empty());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn jitter_and_stalls_reorder_concurrent_answers() {
+    let server = start(Behaviour {
+        latency_ms: 5,
+        latency_jitter_ms: 150,
+        ..Behaviour::default()
+    })
+    .await;
+    let client = client();
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let (client, url) = (
+                client.clone(),
+                format!("{}/chat/completions", server.base_url()),
+            );
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .json(&chat(&format!("r{i}")))
+                    .send()
+                    .await
+                    .unwrap();
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let calls = server.calls();
+    let mut by_arrival: Vec<u64> = calls.iter().map(|c| c.seq).collect();
+    let mut by_answer = calls.clone();
+    by_answer.sort_by_key(|c| c.done_ms);
+    by_arrival.sort_unstable();
+    assert_ne!(
+        by_answer.iter().map(|c| c.seq).collect::<Vec<_>>(),
+        by_arrival,
+        "20 jittered calls answered in arrival order"
+    );
+    // A stall on every call: each waits at least stall_ms.
+    server.set_behaviour(Behaviour {
+        stall_rate: 1.0,
+        stall_ms: 200,
+        ..Behaviour::default()
+    });
+    let started = std::time::Instant::now();
+    assert_eq!(post(&client, &server, &chat("stalled")).await.status(), 200);
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    server.shutdown().await;
+}

@@ -17,4 +17,5 @@ mod helpers;
 mod hostile;
 mod jobs;
 mod ops;
+mod provenance;
 mod replicas;
