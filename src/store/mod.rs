@@ -45,10 +45,23 @@ impl From<sqlx::Error> for StoreError {
             sqlx::Error::Io(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
-            | sqlx::Error::Tls(_) => StoreError::Unavailable(e),
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e),
+            sqlx::Error::Database(ref db) if db.code().is_some_and(|c| transient_code(&c)) => {
+                StoreError::Unavailable(e)
+            }
             other => StoreError::Database(other),
         }
     }
+}
+
+/// Database error codes that mean "not now" rather than "wrong": the
+/// caller gets 503 and may retry. PostgreSQL: connection exceptions (class
+/// 08), a server shutting down or starting up (57P01..57P03), too many
+/// connections (53300). SQLite: busy or locked past the busy timeout.
+fn transient_code(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "5" | "6")
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -454,4 +467,21 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::transient_code;
+
+    #[test]
+    fn a_database_restarting_is_unavailable_not_internal() {
+        for code in [
+            "08006", "08001", "57P01", "57P02", "57P03", "53300", "5", "6",
+        ] {
+            assert!(transient_code(code), "{code}");
+        }
+        for code in ["23505", "42P01", "40001", "19"] {
+            assert!(!transient_code(code), "{code}");
+        }
+    }
 }
