@@ -21,9 +21,21 @@ use crate::store::{Certification, Store, StoreError};
 pub struct CertSlot(RwLock<Option<Certification>>);
 
 impl CertSlot {
+    /// Keeps the newer of the held and the offered certification. Two
+    /// refreshes may overlap (the periodic one and an admin certify's); a
+    /// read that started before a certification was written must not put
+    /// the older state back.
     pub fn set(&self, c: Option<Certification>) {
         // A poisoned lock still holds a whole value.
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = c;
+        let mut held = self.0.write().unwrap_or_else(|p| p.into_inner());
+        let newer = match (&*held, &c) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(old), Some(new)) => new.certified_at >= old.certified_at,
+        };
+        if newer {
+            *held = c;
+        }
     }
 
     pub fn get(&self) -> Option<Certification> {
@@ -103,5 +115,34 @@ pub async fn run(app: crate::http::AppState, stop: CancellationToken) {
         if let Err(e) = refresh(&*app.store, &app.routes).await {
             tracing::warn!(error = %e, "cannot refresh certifications; keeping the last known");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(at: i64, passed: bool) -> Certification {
+        Certification {
+            route: "bot".into(),
+            provider: "fallback".into(),
+            model: "m".into(),
+            contract_hash: "c1:x".into(),
+            passed,
+            failures: "[]".into(),
+            certified_at: at,
+        }
+    }
+
+    #[test]
+    fn a_stale_refresh_never_puts_an_older_state_back() {
+        let slot = CertSlot::default();
+        slot.set(Some(cert(2, true)));
+        // A refresh that read the store before that certification was written.
+        slot.set(None);
+        slot.set(Some(cert(1, false)));
+        assert!(slot.valid_for("c1:x"));
+        slot.set(Some(cert(3, false)));
+        assert!(!slot.valid_for("c1:x"));
     }
 }
