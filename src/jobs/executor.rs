@@ -380,8 +380,9 @@ impl AttemptCtx {
             only_target: Some(self.target),
             max_wait: Some(late),
         };
+        let target = &self.route.targets[self.target];
         let work = async {
-            let delivery = app.coalescer.obtain(&ask).await?;
+            let mut delivery = app.coalescer.obtain(&ask).await?;
             // `running`: the provider answered with headers and the body is
             // still coming. An answer that arrives whole goes straight from
             // `starting` to its end, one write fewer.
@@ -391,7 +392,22 @@ impl AttemptCtx {
             {
                 let _ = app.jobs.store.attempt_running(&a.job_id, a.n).await;
             }
-            Ok::<_, ApiError>(delivery.answer().await)
+            let mut answer = delivery.answer().await;
+            // The attempt row names its target: an answer another target
+            // produced (a chat flight this attempt followed was served from
+            // the route's cache) is not this attempt's. Ask again, without
+            // the cache; the flight it followed has ended.
+            if answer.is_success()
+                && (answer.provider != target.provider.name || answer.model != target.model)
+            {
+                let fresh = Ask {
+                    read_cache: false,
+                    ..ask
+                };
+                delivery = app.coalescer.obtain(&fresh).await?;
+                answer = delivery.answer().await;
+            }
+            Ok::<_, ApiError>(answer)
         };
         tokio::pin!(work);
         let outcome = tokio::time::timeout_at(deadline.into(), &mut work).await;
