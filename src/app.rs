@@ -58,6 +58,8 @@ impl App {
             tracing::warn!(error = %e, "cannot read certifications: no fallback counts as certified yet");
         }
         let cache = Arc::new(ResultCache::new(config.coalescing.cache_capacity));
+        crate::cache::spawn_housekeeper(&cache, crate::cache::HOUSEKEEPING_EVERY)
+            .context("cannot start the cache upkeep thread")?;
         let coalescer = Coalescer::new(cache, metrics.clone());
         if config.coalescing.backend != "memory" {
             connect_shared(&config, &coalescer, &metrics).await;

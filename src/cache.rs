@@ -8,6 +8,13 @@
 //! belongs to the provider that produced it and the next target may still
 //! answer. A success may outlive its TTL by `cache.stale_grace` when the
 //! route serves stale answers on wait timeouts.
+//!
+//! moka does its upkeep (expiring and evicting entries) inside whichever
+//! cache call comes next, and without an eviction listener it does all of it
+//! at once: after a quiet spell, a request would pay for every entry that
+//! expired meanwhile (tens of milliseconds for tens of thousands of entries).
+//! [`spawn_housekeeper`] does that upkeep on its own thread in small, regular
+//! steps instead, so requests find little or nothing left to do.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,28 +70,64 @@ pub enum Lookup {
     Miss,
 }
 
+/// Shards per cache. moka expires per-entry TTLs in buckets of about a
+/// second, all of a bucket at once, inside whichever call comes first after
+/// it falls due; with the entries spread over shards by fingerprint, that
+/// work (and the lock it holds) is this many times smaller.
+const SHARDS: usize = 16;
+
+/// One moka cache per shard; an entry's shard is chosen by its fingerprint.
+struct Sharded<K> {
+    shards: Vec<Cache<K, Entry>>,
+}
+
+impl<K: std::hash::Hash + Eq + Send + Sync + 'static> Sharded<K> {
+    fn new(capacity: u64) -> Sharded<K> {
+        let each = capacity.div_ceil(SHARDS as u64).max(1);
+        Sharded {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Cache::builder()
+                        .max_capacity(each)
+                        .expire_after(PerEntry)
+                        .build()
+                })
+                .collect(),
+        }
+    }
+
+    fn shard(&self, fp: &Fingerprint) -> &Cache<K, Entry> {
+        // A fingerprint is a uniform hash: its first byte spreads evenly.
+        &self.shards[usize::from(fp.as_bytes()[0]) % SHARDS]
+    }
+
+    fn run_pending_tasks(&self) {
+        for shard in &self.shards {
+            shard.run_pending_tasks();
+        }
+    }
+
+    fn entry_count(&self) -> u64 {
+        self.shards.iter().map(Cache::entry_count).sum()
+    }
+}
+
 /// The result and negative caches of one gateway (memory backend).
 pub struct ResultCache {
-    answers: Cache<Fingerprint, Entry>,
-    negative: Cache<(Fingerprint, usize), Entry>,
+    answers: Sharded<Fingerprint>,
+    negative: Sharded<(Fingerprint, usize)>,
 }
 
 impl ResultCache {
     pub fn new(capacity: u64) -> ResultCache {
         ResultCache {
-            answers: Cache::builder()
-                .max_capacity(capacity)
-                .expire_after(PerEntry)
-                .build(),
-            negative: Cache::builder()
-                .max_capacity(capacity.max(1024) / 4)
-                .expire_after(PerEntry)
-                .build(),
+            answers: Sharded::new(capacity),
+            negative: Sharded::new(capacity.max(1024) / 4),
         }
     }
 
     pub fn get(&self, fp: &Fingerprint) -> Lookup {
-        let Some(e) = self.answers.get(fp) else {
+        let Some(e) = self.answers.shard(fp).get(fp) else {
             return Lookup::Miss;
         };
         let age = e.stored.elapsed();
@@ -123,11 +166,22 @@ impl ResultCache {
             fresh_for: ttl,
             life: ttl + grace,
         };
-        self.answers.insert(fp, entry);
+        self.answers.shard(&fp).insert(fp, entry);
+    }
+
+    /// Runs both caches' pending upkeep now (expiries, evictions).
+    pub fn run_pending_tasks(&self) {
+        self.answers.run_pending_tasks();
+        self.negative.run_pending_tasks();
+    }
+
+    /// Entries held (moka's count: exact once upkeep has run).
+    pub fn entry_count(&self) -> u64 {
+        self.answers.entry_count() + self.negative.entry_count()
     }
 
     pub fn negative(&self, fp: &Fingerprint, target: usize) -> Option<(Arc<Answer>, Duration)> {
-        let e = self.negative.get(&(*fp, target))?;
+        let e = self.negative.shard(fp).get(&(*fp, target))?;
         let age = e.stored.elapsed();
         (age < e.fresh_for).then_some((e.answer, age))
     }
@@ -139,8 +193,31 @@ impl ResultCache {
             fresh_for: ttl,
             life: ttl,
         };
-        self.negative.insert((fp, target), entry);
+        self.negative.shard(&fp).insert((fp, target), entry);
     }
+}
+
+/// How often [`spawn_housekeeper`] runs the caches' upkeep.
+pub const HOUSEKEEPING_EVERY: Duration = Duration::from_millis(100);
+
+/// Starts a thread that runs `cache`'s upkeep every `every`, until the cache
+/// is dropped (the thread holds only a weak reference).
+pub fn spawn_housekeeper(
+    cache: &Arc<ResultCache>,
+    every: Duration,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let cache = Arc::downgrade(cache);
+    std::thread::Builder::new()
+        .name("idem-cache-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                match cache.upgrade() {
+                    Some(cache) => cache.run_pending_tasks(),
+                    None => return,
+                }
+            }
+        })
 }
 
 /// A success TTL with random jitter: `ttl * (1 + u)`, `u` uniform in
@@ -170,6 +247,68 @@ mod tests {
             "spread {:?}",
             *max - *min
         );
+    }
+
+    fn answer() -> Arc<Answer> {
+        Arc::new(Answer::from_failure(
+            crate::answer::Failure::Timeout,
+            "slow",
+            "p".into(),
+            "m".into(),
+        ))
+    }
+
+    #[test]
+    fn the_housekeeper_expires_entries_without_any_cache_call_and_stops_with_the_cache() {
+        let cache = Arc::new(ResultCache::new(1_000));
+        let fp = crate::fingerprint::Fingerprint::from_bytes([7; 32]);
+        cache.put_negative(fp, 0, answer(), Duration::from_millis(30));
+        cache.run_pending_tasks();
+        assert_eq!(cache.entry_count(), 1);
+        // (moka's timer wheel has a resolution of about a second)
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(
+            cache.entry_count(),
+            1,
+            "nothing tidies up without a cache call"
+        );
+        let upkeep = spawn_housekeeper(&cache, Duration::from_millis(10)).unwrap();
+        // No get or insert from here on: only the housekeeper can notice
+        // that the entry expired.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while cache.entry_count() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the expired entry was never removed"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+
+        drop(cache);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !upkeep.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "the housekeeper outlived its cache"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn the_shards_together_keep_to_the_configured_capacity() {
+        // (the negative cache holds a quarter of the capacity: 1,000)
+        let cache = ResultCache::new(4_000);
+        for i in 0u32..10_000 {
+            let mut bytes = [0; 32];
+            bytes[..4].copy_from_slice(&i.to_le_bytes());
+            let fp = crate::fingerprint::Fingerprint::from_bytes(*blake3::hash(&bytes).as_bytes());
+            cache.put_negative(fp, 0, answer(), Duration::from_secs(60));
+        }
+        cache.run_pending_tasks();
+        let held = cache.entry_count();
+        // Each shard rounds its share up: at most SHARDS - 1 over.
+        assert!((500..1_000 + SHARDS as u64).contains(&held), "held {held}");
     }
 
     #[test]
