@@ -87,7 +87,10 @@ pub async fn lead(job: LeaderJob) {
     };
 
     let heartbeat = async {
-        let mut tick = tokio::time::interval(lease / 3);
+        // The lease was just taken: the first renewal is due a third of it
+        // later, not at once.
+        let every = lease / 3;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             tick.tick().await;
             flight.renew(lease);
@@ -230,7 +233,8 @@ async fn share(job: &LeaderJob, flight: &Arc<Flight>, shared: Arc<RedisFlights>)
         .unwrap_or(Duration::from_secs(30));
     let deadline = Instant::now() + timeout + lease * 2;
     let heartbeat = async {
-        let mut tick = tokio::time::interval(lease / 3);
+        let every = lease / 3;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             tick.tick().await;
             flight.renew(lease);

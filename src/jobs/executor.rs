@@ -131,7 +131,10 @@ async fn run_job(app: &AppState, job: JobRecord) {
         let (id, worker) = (job.id.clone(), app.jobs.worker_id.clone());
         let lease = app.config.jobs.claim_lease;
         AbortOnDrop(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(lease / 3);
+            // The first renewal is due a third of a lease after the claim,
+            // not at once (a wasted write per job).
+            let every = lease / 3;
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             loop {
                 tick.tick().await;
                 let _ = store.renew_claim(&id, &worker, now_ms() + ms(lease)).await;
@@ -354,7 +357,8 @@ impl AttemptCtx {
             let (id, n, owner) = (a.job_id.clone(), a.n, app.jobs.worker_id.clone());
             let lease = app.config.jobs.attempt_lease;
             AbortOnDrop(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(lease / 3);
+                let every = lease / 3;
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 loop {
                     tick.tick().await;
                     let _ = store
