@@ -351,6 +351,8 @@ pub struct GatewaySpec {
     /// `memory` or a `redis://` URL.
     pub backend: String,
     pub redis_prefix: String,
+    /// `jobs.workers` (None: idem's default).
+    pub job_workers: Option<usize>,
 }
 
 impl GatewaySpec {
@@ -361,6 +363,7 @@ impl GatewaySpec {
             storage: format!("sqlite://{}", dir.file("idem.db").display()),
             backend: "memory".into(),
             redis_prefix: "idem".into(),
+            job_workers: None,
         }
     }
 
@@ -379,7 +382,7 @@ url = "{storage}"
 [coalescing]
 backend = "{backend}"
 redis_prefix = "{prefix}"
-
+{jobs}
 [log]
 format = "json"
 
@@ -408,6 +411,9 @@ timeout = "120s"
             backend = self.backend,
             prefix = self.redis_prefix,
             upstream = self.upstream,
+            jobs = self
+                .job_workers
+                .map_or(String::new(), |n| format!("\n[jobs]\nworkers = {n}\n")),
         )
     }
 }
