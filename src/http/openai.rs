@@ -88,23 +88,38 @@ pub async fn chat_completions(
     };
     app.metrics.request(&tenant, &route.name, delivery.outcome);
     let resp = respond(&delivery, &fp, req.stream, req.include_usage).await;
-    let answer = match &delivery.source {
-        Source::Done(a) => Some(a.clone()),
-        Source::Live(f) => f.answer(),
-    };
     let outcome = delivery.outcome.as_str();
-    app.reqlog.write(
-        &Entry::new(
-            &tenant,
-            &route.name,
-            &fp,
-            outcome,
-            resp.status().as_u16(),
-            started,
-        )
-        .answer(answer.as_deref())
-        .body(&req.body),
-    );
+    let status = resp.status().as_u16();
+    match &delivery.source {
+        Source::Live(flight) if !flight.is_done() => {
+            // A stream still running: its upstream time and token counts are
+            // known when it ends, so the line is written then (its latency
+            // stays the time to the answer's head).
+            let head_latency = started.elapsed();
+            let (app, flight, body) = (app.clone(), flight.clone(), req.body.clone());
+            let route_name = route.name.clone();
+            tokio::spawn(async move {
+                // Every flight ends: its leader's ticket finishes it on drop.
+                let answer = flight.done(None).await;
+                let mut entry = Entry::new(&tenant, &route_name, &fp, outcome, status, started)
+                    .answer(answer.as_deref())
+                    .body(&body);
+                entry.latency = head_latency;
+                app.reqlog.write(&entry);
+            });
+        }
+        source => {
+            let answer = match source {
+                Source::Done(a) => Some(a.clone()),
+                Source::Live(f) => f.answer(),
+            };
+            app.reqlog.write(
+                &Entry::new(&tenant, &route.name, &fp, outcome, status, started)
+                    .answer(answer.as_deref())
+                    .body(&req.body),
+            );
+        }
+    }
     Ok(resp)
 }
 

@@ -232,7 +232,20 @@ async fn gateway_logging_to(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<anyhow::Result<()>>,
 ) {
-    let spec = Spec::default();
+    gateway_logging_with(&Spec::default(), path, bodies).await
+}
+
+async fn gateway_logging_with(
+    spec: &Spec,
+    path: &Path,
+    bodies: bool,
+) -> (
+    Mocks,
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let spec = spec.clone();
     let mocks = start_mocks(&spec).await;
     let dir = path.parent().unwrap();
     let db = format!("sqlite://{}", dir.join("idem.db").display());
@@ -404,6 +417,44 @@ async fn the_request_log_file_has_one_line_per_request_and_no_secrets() {
     assert_eq!(v["largest_groups"][0]["tenant"], "acme");
     assert_eq!(v["observed"]["outcomes"]["cache-hit"], 2);
     assert_eq!(v["simulation"]["saved"], 3);
+
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_streamed_answer_is_logged_when_it_ends_with_its_upstream_time_and_tokens() {
+    let dir = temp_dir();
+    let path = dir.join("requests.jsonl");
+    let mut spec = Spec::default();
+    // The stream outlasts the handler: its head goes out at once, its
+    // chunks over several times 30 ms.
+    spec.primary.chunk_delay_ms = 30;
+    let (_mocks, base, stop, task) = gateway_logging_with(&spec, &path, false).await;
+    let mut body = chat_body("tell me a long story");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(ACME)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("[DONE]"), "{text}");
+
+    let lines = log_lines(&path, 1).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let l = &lines[0];
+    assert_eq!(l["outcome"], "leader");
+    let upstream = l["upstream_ms"].as_f64().unwrap();
+    assert!(upstream >= 60.0, "the whole call, not 0: {l}");
+    assert!(l["completion_tokens"].as_u64().unwrap() > 0, "{l}");
+    // The latency stays the time to the answer's head.
+    assert!(l["latency_ms"].as_f64().unwrap() < upstream, "{l}");
 
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
