@@ -228,7 +228,7 @@ impl MockServer {
             }
         });
         let task = tokio::spawn(async move {
-            axum::serve(listener, app)
+            axum::serve(listener, app.into_make_service())
                 .with_graceful_shutdown(stop.cancelled_owned())
                 .await
         });
