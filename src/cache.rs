@@ -107,6 +107,12 @@ impl<K: std::hash::Hash + Eq + Send + Sync + 'static> Sharded<K> {
         }
     }
 
+    fn run_shard(&self, i: usize) {
+        if let Some(shard) = self.shards.get(i) {
+            shard.run_pending_tasks();
+        }
+    }
+
     fn entry_count(&self) -> u64 {
         self.shards.iter().map(Cache::entry_count).sum()
     }
@@ -175,6 +181,12 @@ impl ResultCache {
         self.negative.run_pending_tasks();
     }
 
+    /// Runs the pending upkeep of shard `i` of both caches.
+    fn run_shard(&self, i: usize) {
+        self.answers.run_shard(i);
+        self.negative.run_shard(i);
+    }
+
     /// Entries held (moka's count: exact once upkeep has run).
     pub fn entry_count(&self) -> u64 {
         self.answers.entry_count() + self.negative.entry_count()
@@ -201,7 +213,10 @@ impl ResultCache {
 pub const HOUSEKEEPING_EVERY: Duration = Duration::from_millis(100);
 
 /// Starts a thread that runs `cache`'s upkeep every `every`, until the cache
-/// is dropped (the thread holds only a weak reference).
+/// is dropped (the thread holds only a weak reference). The shards are
+/// visited one at a time, `every / SHARDS` apart: when a second's bucket of
+/// expiries falls due in every shard at once, the work comes in sixteen
+/// small pieces instead of one burst that would hold a core.
 pub fn spawn_housekeeper(
     cache: &Arc<ResultCache>,
     every: Duration,
@@ -210,10 +225,11 @@ pub fn spawn_housekeeper(
     std::thread::Builder::new()
         .name("idem-cache-upkeep".into())
         .spawn(move || {
-            loop {
-                std::thread::sleep(every);
+            let step = every / SHARDS as u32;
+            for shard in (0..SHARDS).cycle() {
+                std::thread::sleep(step);
                 match cache.upgrade() {
-                    Some(cache) => cache.run_pending_tasks(),
+                    Some(cache) => cache.run_shard(shard),
                     None => return,
                 }
             }
