@@ -222,29 +222,20 @@ fn raw_bodies_without_times_report_time_figures_as_unavailable() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A gateway writing its request log to `path`.
-async fn gateway_logging_to(
-    path: &Path,
-    bodies: bool,
-) -> (
+/// The mocks, the base URL, the stop switch and the serving task.
+type LoggingGateway = (
     Mocks,
     String,
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<anyhow::Result<()>>,
-) {
+);
+
+/// A gateway writing its request log to `path`.
+async fn gateway_logging_to(path: &Path, bodies: bool) -> LoggingGateway {
     gateway_logging_with(&Spec::default(), path, bodies).await
 }
 
-async fn gateway_logging_with(
-    spec: &Spec,
-    path: &Path,
-    bodies: bool,
-) -> (
-    Mocks,
-    String,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-) {
+async fn gateway_logging_with(spec: &Spec, path: &Path, bodies: bool) -> LoggingGateway {
     let spec = spec.clone();
     let mocks = start_mocks(&spec).await;
     let dir = path.parent().unwrap();

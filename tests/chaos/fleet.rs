@@ -59,6 +59,33 @@ fn code_of(v: &Value) -> Option<String> {
     v["error"]["code"].as_str().map(str::to_owned)
 }
 
+/// POSTs `body` to `path` on `base` as `tenant` (with an `Idempotency-Key`
+/// when given); a transport failure is recorded on `op`, which is returned.
+async fn post(
+    ctx: &Ctx,
+    base: &str,
+    path: &str,
+    tenant: &str,
+    key: Option<&str>,
+    body: &Value,
+    op: &mut Op,
+) -> Option<reqwest::Response> {
+    let mut req = ctx
+        .client
+        .post(format!("{base}{path}"))
+        .bearer_auth(api_key(tenant));
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    match req.json(body).send().await {
+        Ok(r) => Some(r),
+        Err(e) => {
+            op.transport = Some(e.to_string());
+            None
+        }
+    }
+}
+
 /// `POST /v1/jobs` once.
 pub async fn create_job(
     ctx: &Ctx,
@@ -76,20 +103,8 @@ pub async fn create_job(
         op.transport = Some("no replica up".into());
         return op;
     };
-    let sent = ctx
-        .client
-        .post(format!("{base}/v1/jobs"))
-        .bearer_auth(api_key(tenant))
-        .header("idempotency-key", key)
-        .json(payload)
-        .send()
-        .await;
-    let r = match sent {
-        Ok(r) => r,
-        Err(e) => {
-            op.transport = Some(e.to_string());
-            return op;
-        }
+    let Some(r) = post(ctx, &base, "/v1/jobs", tenant, Some(key), payload, &mut op).await else {
+        return op;
     };
     let status = r.status().as_u16();
     op.replayed = r
@@ -127,20 +142,18 @@ pub async fn chat_with_key(
     };
     let body = &payload["request"];
     let stream = body["stream"] == json!(true);
-    let sent = ctx
-        .client
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(api_key(tenant))
-        .header("idempotency-key", key)
-        .json(body)
-        .send()
-        .await;
-    let r = match sent {
-        Ok(r) => r,
-        Err(e) => {
-            op.transport = Some(e.to_string());
-            return op;
-        }
+    let Some(r) = post(
+        ctx,
+        &base,
+        "/v1/chat/completions",
+        tenant,
+        Some(key),
+        body,
+        &mut op,
+    )
+    .await
+    else {
+        return op;
     };
     let status = r.status().as_u16();
     let header = |name: &str| {
@@ -263,19 +276,18 @@ pub async fn chat(
         op.transport = Some("no replica up".into());
         return op;
     };
-    let sent = ctx
-        .client
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(api_key(tenant))
-        .json(&body)
-        .send()
-        .await;
-    let r = match sent {
-        Ok(r) => r,
-        Err(e) => {
-            op.transport = Some(e.to_string());
-            return op;
-        }
+    let Some(r) = post(
+        ctx,
+        &base,
+        "/v1/chat/completions",
+        tenant,
+        None,
+        &body,
+        &mut op,
+    )
+    .await
+    else {
+        return op;
     };
     let status = r.status().as_u16();
     op.outcome = r
