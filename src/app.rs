@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -127,23 +126,12 @@ impl App {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, source = %state.config.source, "idem listening");
         let server_stop = stop.clone();
-        // `into_make_service`: each connection gets a clone of the router.
-        // Serving the `Router` itself would rebuild its route table for
-        // every connection (~10 KiB each, 100 MiB for a wave of 10,000).
-        // Answers and stream chunks are small: send each at once, never
-        // held back by Nagle's algorithm waiting for the client's ACK.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(err) = tcp.set_nodelay(true) {
-                tracing::debug!(%err, "cannot set TCP_NODELAY on a client connection");
-            }
+        let serve = crate::http::server::serve(listener, router(state.clone()), async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new connections");
+            server_stop.cancel();
         });
-        let serve = axum::serve(listener, router(state.clone()).into_make_service())
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down: no new connections");
-                server_stop.cancel();
-            });
-        let mut server = tokio::spawn(async move { serve.await });
+        let mut server = tokio::spawn(serve);
         // Wait for the signal (or a server failure), then give connections
         // in progress their grace.
         tokio::select! {

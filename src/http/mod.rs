@@ -2,13 +2,15 @@
 //! caller's identity. Handlers live in one file per area: `openai` (chat
 //! completions, models), `jobs` (the jobs API), `ops` (health, metrics,
 //! stats), `admin` (certification, routes, jobs across tenants), `ui` (the
-//! dashboard page); `error` renders every failure, `validate` checks bodies.
+//! dashboard page); `server` is the accept loop, `error` renders every
+//! failure, `validate` checks bodies.
 
 pub mod admin;
 pub mod error;
 pub mod jobs;
 pub mod openai;
 pub mod ops;
+pub mod server;
 pub mod ui;
 pub mod validate;
 

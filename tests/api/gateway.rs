@@ -499,3 +499,81 @@ async fn a_tenant_body_limit_below_the_servers_is_enforced() {
     assert_eq!(app.chat(BETA, &big).await.status(), 200);
     assert_eq!(app.calls(), 1);
 }
+
+/// Connection handling: a client that closes its sending side after its
+/// request still gets the answer (the gateway does not read a waiting
+/// request's socket), and connections with nothing in progress (one that
+/// never sent a byte, one kept alive after an answer) neither hold up the
+/// shutdown nor outlive it.
+#[tokio::test]
+async fn half_closed_requests_are_answered_and_idle_connections_do_not_delay_shutdown() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    let mocks = start_mocks(&Spec::default()).await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let config = dir.join("idem.toml");
+    std::fs::write(
+        &config,
+        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
+    )
+    .unwrap();
+    let mut proc = Proc::start(&config, &[]).await;
+    let addr = proc.base.trim_start_matches("http://").to_string();
+    let read_all = |mut tcp: TcpStream| async move {
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut got))
+            .await
+            .expect("the connection was not closed")
+            .unwrap();
+        String::from_utf8_lossy(&got).into_owned()
+    };
+
+    // The request, then the client's FIN, then the answer.
+    let body = serde_json::to_string(&chat_body("half closed")).unwrap();
+    let mut tcp = TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer {ACME}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(format!("{head}{body}").as_bytes())
+        .await
+        .unwrap();
+    tcp.shutdown().await.unwrap();
+    let answer = read_all(tcp).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains("mock answer #1 to: half closed"),
+        "{answer}"
+    );
+
+    // Two idle connections: silent, and kept alive after one answer.
+    let silent = TcpStream::connect(&addr).await.unwrap();
+    let mut kept = TcpStream::connect(&addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: idem\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 12];
+    kept.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    // Settle: the gateway has accepted the silent connection too.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let asked = std::time::Instant::now();
+    proc.signal("TERM");
+    let status = tokio::time::timeout(Duration::from_secs(5), proc.child.wait())
+        .await
+        .expect("idle connections held up the shutdown")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(asked.elapsed() < Duration::from_secs(5));
+    // Both were closed by the gateway (the rest of the kept one's answer,
+    // then the end).
+    read_all(silent).await;
+    read_all(kept).await;
+    let log = proc.drain().join("\n");
+    assert!(!log.contains("grace ran out"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
