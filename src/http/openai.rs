@@ -55,12 +55,14 @@ pub async fn chat_completions(
         .clone();
     let fp = fingerprint_of(&tenant, &route, &req, &headers);
     if let Some(key) = crate::jobs::idempotency_key(&headers)? {
-        return app
-            .jobs
-            .chat(&app, &tenant, &route, req, fp, key, started)
-            .await;
+        // Boxed: the job path's state would otherwise enlarge every chat
+        // request's future, coalesced followers' included.
+        return Box::pin(app.jobs.chat(&app, &tenant, &route, req, fp, key, started)).await;
     }
     let policy = CachePolicy::from_headers(&headers);
+    // Everything needed from the headers is read: a follower may wait long,
+    // and its copy of them is of no use while it does.
+    drop(headers);
     let cfg = &route.config;
     let ask = Ask {
         tenant: &tenant,
