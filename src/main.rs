@@ -6,12 +6,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// jemalloc keeps a waiting connection's untouched buffers out of resident
-/// memory (see the `jemalloc` feature in Cargo.toml).
-#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 #[derive(Parser)]
 #[command(
     name = "idem",
