@@ -479,15 +479,7 @@ async fn with_log_bodies_the_messages_are_included() {
 #[tokio::test]
 async fn the_stdout_request_lines_are_json_that_analyze_reads() {
     let mocks = start_mocks(&Spec::default()).await;
-    let dir = temp_dir();
-    let db = format!("sqlite://{}", dir.join("idem.db").display());
-    let config = dir.join("idem.toml");
-    std::fs::write(
-        &config,
-        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
-    )
-    .unwrap();
-    let mut proc = Proc::start(&config, &[]).await;
+    let (mut proc, dir) = Proc::start_default(&mocks).await;
     for _ in 0..2 {
         let r = client()
             .post(format!("{}/v1/chat/completions", proc.base))

@@ -333,15 +333,7 @@ async fn graceful_shutdown_finishes_requests_in_progress_then_exits() {
         ..Spec::default()
     })
     .await;
-    let dir = temp_dir();
-    let db = format!("sqlite://{}", dir.join("idem.db").display());
-    let config = dir.join("idem.toml");
-    std::fs::write(
-        &config,
-        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
-    )
-    .unwrap();
-    let mut proc = Proc::start(&config, &[]).await;
+    let (mut proc, dir) = Proc::start_default(&mocks).await;
     let client = client();
     let url = format!("{}/v1/chat/completions", proc.base);
     let pending = tokio::spawn({
@@ -511,15 +503,7 @@ async fn half_closed_requests_are_answered_and_idle_connections_do_not_delay_shu
     use tokio::net::TcpStream;
 
     let mocks = start_mocks(&Spec::default()).await;
-    let dir = temp_dir();
-    let db = format!("sqlite://{}", dir.join("idem.db").display());
-    let config = dir.join("idem.toml");
-    std::fs::write(
-        &config,
-        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
-    )
-    .unwrap();
-    let mut proc = Proc::start(&config, &[]).await;
+    let (mut proc, dir) = Proc::start_default(&mocks).await;
     let addr = proc.base.trim_start_matches("http://").to_string();
     let read_all = |mut tcp: TcpStream| async move {
         let mut got = Vec::new();

@@ -587,6 +587,21 @@ impl Proc {
         }
     }
 
+    /// `idem serve` on the tests' default config: `mocks` as the providers,
+    /// SQLite, both in a fresh temporary folder (the config is its
+    /// `idem.toml`), which the caller removes.
+    pub async fn start_default(mocks: &Mocks) -> (Proc, PathBuf) {
+        let dir = temp_dir();
+        let db = format!("sqlite://{}", dir.join("idem.db").display());
+        let config = dir.join("idem.toml");
+        std::fs::write(
+            &config,
+            config_text(&Spec::default(), mocks, &db, "127.0.0.1:0"),
+        )
+        .unwrap();
+        (Proc::start(&config, &[]).await, dir)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id().unwrap()
     }

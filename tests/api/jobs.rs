@@ -306,15 +306,8 @@ async fn reverse_order_finish_the_second_to_return_loses() {
 #[tokio::test]
 async fn sigkill_mid_attempt_leaves_it_unknown_and_the_key_still_names_the_job() {
     let mocks = start_mocks(&holding()).await;
-    let dir = temp_dir();
-    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let (proc, dir) = Proc::start_default(&mocks).await;
     let config = dir.join("idem.toml");
-    std::fs::write(
-        &config,
-        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
-    )
-    .unwrap();
-    let proc = Proc::start(&config, &[]).await;
     let client = client();
     let r = client
         .post(format!("{}/v1/jobs", proc.base))
