@@ -139,11 +139,7 @@ impl App {
             ended = &mut server => {
                 stop.cancel();
                 tracker.close();
-                return match ended {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(e).context("server error"),
-                    Err(e) => Err(e).context("server task failed"),
-                };
+                return ended.context("server task failed");
             }
         }
         tracker.close();
@@ -154,8 +150,7 @@ impl App {
         })
         .await;
         match drained {
-            Ok(Ok(Ok(()))) => tracing::info!("stopped"),
-            Ok(Ok(Err(e))) => return Err(e).context("server error"),
+            Ok(Ok(())) => tracing::info!("stopped"),
             Ok(Err(e)) => return Err(e).context("server task failed"),
             Err(_) => tracing::warn!(
                 ?grace,

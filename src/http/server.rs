@@ -45,7 +45,7 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> io::Result<()> {
+) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.half_close(true)
         .timer(TokioTimer::new())
@@ -99,7 +99,6 @@ pub async fn serve(
     drop(listener);
     closing.cancel();
     graceful.shutdown().await;
-    Ok(())
 }
 
 /// Errors that concern one connection only (the client gave up before we
