@@ -1,6 +1,7 @@
-//! The accept loop: one HTTP/1.1 connection task per client, tuned for a
-//! gateway whose requests mostly wait (many parked followers, small
-//! answers), with graceful shutdown.
+//! The accept loop: one connection task per client, HTTP/1.1 or HTTP/2
+//! (cleartext, prior knowledge) on the same port, tuned for a gateway whose
+//! requests mostly wait (many parked followers, small answers), with
+//! graceful shutdown.
 //!
 //! Why not `axum::serve`: it offers no way to set hyper's connection
 //! options, and two of them matter here. While a request waits, hyper by
@@ -15,25 +16,51 @@
 //! keep-alive connection waiting longer than that for its next request is
 //! closed.
 //!
+//! HTTP/2 is for callers that send many requests at once (a proxy such as
+//! Envoy in front of idem, a batch client): its requests share one
+//! connection and its buffers, so a parked request costs a few hundred
+//! bytes of stream state instead of an HTTP/1.1 connection's two 8 KiB
+//! buffers, and a wave's answers leave in a few large writes instead of one
+//! system call each. A connection speaks HTTP/2 when it opens with the
+//! HTTP/2 preface (`PRI * HTTP/2.0`); there is no TLS here, hence no ALPN
+//! and no `Upgrade: h2c` (a TLS-terminating proxy in front of idem talks
+//! HTTP/2 to it with prior knowledge).
+//!
 //! A connection that has sent nothing yet costs only its task: hyper (and
-//! its buffers) start at the first byte.
+//! its buffers) start at the first bytes, which also tell the two protocols
+//! apart. A connection silent for as long as a request head may take is
+//! closed.
 
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-/// How long a client may take to send a request head.
+/// How long a client may take to send a request head (or, on a new
+/// connection, its first bytes).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requests one HTTP/2 connection may have in progress at once (hyper's
+/// default; a client with more opens more connections).
+const MAX_STREAMS_PER_CONNECTION: u32 = 200;
+/// How often an HTTP/2 connection is pinged, and how long the answer may
+/// take before the connection counts as dead and is closed (HTTP/2 has no
+/// per-request idle timeout to find a peer that vanished).
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long to wait for more bytes when a connection has sent a prefix of
+/// `PRI` so far (rare: clients send the preface in one write).
+const SNIFF_RETRY: Duration = Duration::from_millis(5);
 /// Pause after an accept error that is not about one connection (e.g. out
 /// of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -46,10 +73,16 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.half_close(true)
+    let mut h1 = http1::Builder::new();
+    h1.half_close(true)
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .keep_alive_interval(HTTP2_PING_INTERVAL)
+        .keep_alive_timeout(HTTP2_PING_TIMEOUT);
+    let builders = Arc::new((h1, h2));
     // Turn every route into its final form once, not per request.
     let router: Router = router.with_state(());
     let graceful = GracefulShutdown::new();
@@ -78,20 +111,28 @@ pub async fn serve(
         let service = router
             .clone()
             .map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
-        let http = http.clone();
+        let builders = Arc::clone(&builders);
         let (watcher, closing) = (graceful.watcher(), closing.clone());
         tokio::spawn(async move {
-            // hyper gives a connection its 8 KiB read buffer at once: wait
-            // for the request's first byte (or the end) so that open idle
-            // connections cost next to nothing. (`readable` alone may wake
-            // spuriously; `peek` waits for a byte.)
-            let mut first = [0u8; 1];
-            tokio::select! {
-                peeked = tcp.peek(&mut first) => if !matches!(peeked, Ok(1..)) { return },
+            // hyper gives an HTTP/1.1 connection its 8 KiB read buffer at
+            // once: wait for the first bytes (or the end) so that open idle
+            // connections cost next to nothing.
+            let protocol = tokio::select! {
+                sniffed = tokio::time::timeout(HEADER_READ_TIMEOUT, sniff(&tcp)) => match sniffed {
+                    Ok(Ok(Some(protocol))) => protocol,
+                    Ok(Ok(None) | Err(_)) | Err(_) => return,
+                },
                 () = closing.cancelled() => return,
-            }
-            let conn = http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service));
-            if let Err(err) = watcher.watch(conn).await {
+            };
+            let (io, service) = (TokioIo::new(tcp), TowerToHyperService::new(service));
+            let (h1, h2) = &*builders;
+            let ended = match protocol {
+                Protocol::Http1 => watcher.watch(h1.serve_connection(io, service)).await,
+                // Boxed: an HTTP/2 connection is larger than an HTTP/1.1
+                // one, and few connections are HTTP/2.
+                Protocol::Http2 => Box::pin(watcher.watch(h2.serve_connection(io, service))).await,
+            };
+            if let Err(err) = ended {
                 tracing::trace!(%err, "connection ended with an error");
             }
         });
@@ -99,6 +140,40 @@ pub async fn serve(
     drop(listener);
     closing.cancel();
     graceful.shutdown().await;
+}
+
+/// The protocol a connection speaks, told by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// The start of the HTTP/2 connection preface (`PRI` is no HTTP/1.1
+/// method: RFC 9113 reserves it for the preface); hyper checks the rest.
+const PREFACE_START: &[u8] = b"PRI";
+
+/// Waits for a connection's first bytes and tells its protocol from them,
+/// without consuming them; `None` if the client closed without a byte.
+/// (`peek` waits for data; `readable` alone may wake spuriously.)
+async fn sniff(tcp: &tokio::net::TcpStream) -> io::Result<Option<Protocol>> {
+    let mut first = [0u8; PREFACE_START.len()];
+    loop {
+        let n = tcp.peek(&mut first).await?;
+        let got = first.get(..n).unwrap_or_default();
+        if n == 0 {
+            return Ok(None);
+        }
+        if !PREFACE_START.starts_with(got) {
+            return Ok(Some(Protocol::Http1));
+        }
+        if n == PREFACE_START.len() {
+            return Ok(Some(Protocol::Http2));
+        }
+        // A prefix of `PRI` so far: peeking again would return the same
+        // bytes at once, so wait a moment for the rest.
+        tokio::time::sleep(SNIFF_RETRY).await;
+    }
 }
 
 /// Errors that concern one connection only (the client gave up before we
@@ -110,4 +185,67 @@ fn is_connection_error(err: &io::Error) -> bool {
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// A connected pair: (client side, server side).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    #[tokio::test]
+    async fn the_first_bytes_tell_the_protocol_and_stay_unread() {
+        for (sent, expected) in [
+            (
+                &b"POST /v1/chat/completions HTTP/1.1\r\n"[..],
+                Protocol::Http1,
+            ),
+            (b"GET /healthz HTTP/1.1\r\n", Protocol::Http1),
+            (b"PUT /x HTTP/1.1\r\n", Protocol::Http1),
+            (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Protocol::Http2),
+        ] {
+            let (mut client, server) = pair().await;
+            client.write_all(sent).await.unwrap();
+            assert_eq!(sniff(&server).await.unwrap(), Some(expected), "{sent:?}");
+            // Peeked, not read: hyper still sees every byte.
+            let mut all = vec![0u8; sent.len()];
+            server.peek(&mut all).await.unwrap();
+            assert_eq!(all, sent);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_prefix_of_the_preface_waits_for_the_byte_that_decides() {
+        let (mut client, server) = pair().await;
+        client.write_all(b"PR").await.unwrap();
+        let sniffing = tokio::spawn(async move { sniff(&server).await.unwrap() });
+        tokio::time::sleep(SNIFF_RETRY * 4).await;
+        assert!(!sniffing.is_finished(), "decided on an ambiguous prefix");
+        client.write_all(b"I * HTTP/2.0\r\n").await.unwrap();
+        assert_eq!(sniffing.await.unwrap(), Some(Protocol::Http2));
+
+        let (mut client, server) = pair().await;
+        client.write_all(b"P").await.unwrap();
+        let sniffing = tokio::spawn(async move { sniff(&server).await.unwrap() });
+        client.write_all(b"OST / HTTP/1.1\r\n").await.unwrap();
+        assert_eq!(sniffing.await.unwrap(), Some(Protocol::Http1));
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_before_its_first_byte_has_no_protocol() {
+        let (client, server) = pair().await;
+        drop(client);
+        assert_eq!(sniff(&server).await.unwrap(), None);
+    }
 }

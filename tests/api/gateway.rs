@@ -561,3 +561,76 @@ async fn half_closed_requests_are_answered_and_idle_connections_do_not_delay_shu
     assert!(!log.contains("grace ran out"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// HTTP/2 with prior knowledge on the gateway's one port: identical
+/// requests sent as streams of one connection coalesce into one call like
+/// requests on separate connections, every stream gets the same answer, and
+/// an HTTP/1.1 client on the same port is served as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn http2_streams_of_one_connection_coalesce_and_http1_shares_the_port() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    const STREAMS: usize = 150;
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            hold: true,
+            ..Behaviour::default()
+        },
+        ..Spec::default()
+    })
+    .await;
+    let tcp = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .expect("no HTTP/2 handshake");
+    let conn = tokio::spawn(conn);
+    let body = bytes::Bytes::from(serde_json::to_vec(&chat_body("over one connection")).unwrap());
+    let tasks: Vec<_> = (0..STREAMS)
+        .map(|_| {
+            let (mut sender, body) = (sender.clone(), body.clone());
+            let uri = app.url("/v1/chat/completions");
+            tokio::spawn(async move {
+                let request = hyper::Request::post(uri)
+                    .header("authorization", format!("Bearer {ACME}"))
+                    .header("content-type", "application/json")
+                    .body(Full::new(body))
+                    .unwrap();
+                let r = sender.send_request(request).await.unwrap();
+                assert_eq!(r.version(), hyper::Version::HTTP_2);
+                let outcome = r.headers()["idem-outcome"].to_str().unwrap().to_string();
+                let status = r.status().as_u16();
+                let text = r.into_body().collect().await.unwrap().to_bytes();
+                (status, outcome, String::from_utf8(text.to_vec()).unwrap())
+            })
+        })
+        .collect();
+    held(&app.mock, 1).await;
+    app.until_followers(STREAMS as u64 - 1).await;
+    release(&app.mock, None).await;
+    let results = collect(tasks).await;
+    assert_eq!(
+        app.calls(),
+        1,
+        "streams of one connection made several calls"
+    );
+    assert!(results.iter().all(|(s, _, _)| *s == 200), "{results:?}");
+    let outcomes = count_by(&results, |(_, o, _)| o.clone());
+    assert_eq!(outcomes.get("leader"), Some(&1));
+    assert_eq!(outcomes.get("follower"), Some(&(STREAMS - 1)));
+    let first = &results[0].2;
+    assert!(results.iter().all(|(_, _, b)| b == first));
+    let v: Value = serde_json::from_str(first).unwrap();
+    assert_eq!(content_of(&v), "mock answer #1 to: over one connection");
+
+    // The same port, HTTP/1.1: the cached answer.
+    let r = app.chat(ACME, &chat_body("over one connection")).await;
+    assert_eq!(r.version(), reqwest::Version::HTTP_11);
+    assert_eq!(r.headers()["idem-outcome"], "cache-hit");
+    assert_eq!(r.text().await.unwrap(), *first);
+    drop(sender);
+    conn.await.unwrap().expect("the HTTP/2 connection failed");
+}
