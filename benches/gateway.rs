@@ -96,12 +96,12 @@ const TABLES: [(u8, &str); 4] = [
     (4, "Redis vs memory backend"),
 ];
 
-async fn table(n: u8, s: Arc<Settings>) -> anyhow::Result<Table> {
+async fn table(n: u8, s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     match n {
-        1 => t1_overhead::run(s).await,
+        1 => t1_overhead::run(s).await.map(|t| vec![t]),
         2 => t2_wave::run(s).await,
-        3 => t3_jobs::run(s).await,
-        _ => t4_redis::run(s).await,
+        3 => t3_jobs::run(s).await.map(|t| vec![t]),
+        _ => t4_redis::run(s).await.map(|t| vec![t]),
     }
 }
 
@@ -149,8 +149,10 @@ async fn run(settings: Arc<Settings>) -> ExitCode {
             }
         };
         match ended {
-            Ok(Ok(t)) => {
-                print!("{}", t.render());
+            Ok(Ok(tables)) => {
+                for t in tables {
+                    print!("{}", t.render());
+                }
                 println!(
                     "  ({:.0} s; load average {} after it)",
                     started.elapsed().as_secs_f64(),

@@ -1,4 +1,5 @@
-//! A minimal HTTP/1.1 keep-alive client over a raw `TcpStream`.
+//! A minimal HTTP/1.1 keep-alive client over a raw `TcpStream`, and an
+//! HTTP/2 one (hyper's, prior knowledge) for the wave over HTTP/2.
 //!
 //! Why not reqwest: the load generator shares two cores with the gateway and
 //! the mock, so it must cost little per request, and the wave (table 2)
@@ -11,6 +12,8 @@ use std::net::SocketAddr;
 
 use anyhow::{Context, bail};
 use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -198,6 +201,77 @@ impl Conn {
             body.extend_from_slice(&self.buf[..size]);
             self.buf.advance(size + 2);
         }
+    }
+}
+
+/// One HTTP/2 connection (cleartext, prior knowledge): clones share it,
+/// each request is a stream of it.
+#[derive(Clone)]
+pub struct H2Conn {
+    sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+}
+
+impl H2Conn {
+    pub async fn connect(addr: SocketAddr) -> anyhow::Result<H2Conn> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("cannot connect to {addr}"))?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .with_context(|| format!("no HTTP/2 handshake with {addr}"))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                eprintln!("bench: HTTP/2 connection failed: {e}");
+            }
+        });
+        Ok(H2Conn { sender })
+    }
+
+    /// Hands `request` to the connection at once; the returned future is
+    /// its answer.
+    pub fn send(
+        &self,
+        request: hyper::Request<Full<Bytes>>,
+    ) -> impl std::future::Future<Output = anyhow::Result<Reply>> + use<> {
+        let mut sender = self.sender.clone();
+        let answer = sender.send_request(request);
+        async move {
+            let r = answer.await.context("no HTTP/2 answer")?;
+            let status = r.status().as_u16();
+            let outcome = r
+                .headers()
+                .get("idem-outcome")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let body = r
+                .into_body()
+                .collect()
+                .await
+                .context("cannot read an HTTP/2 answer")?
+                .to_bytes();
+            Ok(Reply {
+                status,
+                outcome,
+                close: false,
+                body,
+            })
+        }
+    }
+}
+
+impl Endpoint {
+    /// `POST path` with a JSON body, as an HTTP/2 request.
+    pub fn post_h2(&self, path: &str, body: Bytes) -> anyhow::Result<hyper::Request<Full<Bytes>>> {
+        let mut request = hyper::Request::post(format!("http://{}{path}", self.addr))
+            .header("content-type", "application/json");
+        if let Some(key) = &self.key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        request
+            .body(Full::new(body))
+            .context("cannot build a request")
     }
 }
 

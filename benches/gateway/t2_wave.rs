@@ -1,6 +1,8 @@
 //! Table 2: a wave of identical concurrent requests through one gateway:
 //! how many upstream calls it makes, how much later than the leader its
-//! followers are answered, and its resident memory while they wait.
+//! followers are answered, and its resident memory while they wait. Twice:
+//! over HTTP/1.1 with a connection per request, then over HTTP/2 with the
+//! requests as streams of a few connections.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use crate::http::Endpoint;
 use crate::load;
 use crate::procs::{Gateway, GatewaySpec, KEY, Mock, Workdir};
 use crate::report::{Table, int, mib, ms, plus_ms, verdict};
-use crate::wave;
+use crate::wave::{self, Transport};
 
 /// The mock's latency once the held call is released.
 const LATENCY_MS: u64 = 200;
@@ -23,9 +25,20 @@ const LATENCY_MS: u64 = 200;
 const FOLLOWER_DELAY_MS: f64 = 5.0;
 /// Target: resident memory during the wave.
 const MEMORY_MIB: f64 = 100.0;
+/// Streams per HTTP/2 connection: idem's limit per connection.
+const STREAMS_PER_CONNECTION: usize = 200;
 
-pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
+pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     let n = s.pick(1_000, 10_000);
+    let h1 = one(n, Transport::Http1, "2").await?;
+    let connections = n.div_ceil(STREAMS_PER_CONNECTION);
+    let h2 = one(n, Transport::Http2 { connections }, "2b").await?;
+    Ok(vec![h1, h2])
+}
+
+/// One wave of `n` over `transport`, on a gateway and mock of its own.
+async fn one(n: usize, transport: Transport, number: &str) -> anyhow::Result<Table> {
+    let opened = transport.connections(n);
     let dir = Workdir::new("wave")?;
     let mock = Mock::start(&dir, "mock", &[]).await?;
     let gateway = Gateway::start(&dir, "idem", &GatewaySpec::new(&mock, &dir)).await?;
@@ -43,7 +56,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     mock.behave(json!({"hold": true, "latency_ms": LATENCY_MS}))
         .await?;
 
-    let w = wave::run(&[&gateway], n, &mock).await?;
+    let w = wave::run(&[&gateway], n, transport, &mock).await?;
     let calls = w.upstream_calls;
 
     let mut statuses = BTreeMap::<String, u64>::new();
@@ -78,9 +91,17 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     let f_ms = |q: f64| followers.value_at_quantile(q) as f64 / 1000.0;
     let leader_ms = leader.map(|us| us as f64 / 1000.0);
 
+    let how = match transport {
+        Transport::Http1 => "HTTP/1.1, a connection each".to_string(),
+        Transport::Http2 { .. } => format!(
+            "HTTP/2, {} streams on each of {} connections",
+            int(n.div_ceil(opened) as u64),
+            int(opened as u64)
+        ),
+    };
     let mut t = Table::new(
         format!(
-            "2. Wave of {} identical concurrent requests (mock holds the call, then answers in {LATENCY_MS} ms)",
+            "{number}. Wave of {} identical concurrent requests over {how} (mock holds the call, then answers in {LATENCY_MS} ms)",
             int(n as u64)
         ),
         &["figure", "measured", "baseline", "target", "result"],
@@ -154,7 +175,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
         String::new(),
     ]);
     t.row([
-        format!("  with {} open idle connections", int(n as u64)),
+        format!("  with {} open idle connections", int(opened as u64)),
         mib(conns.rss_kib),
         format!(
             "+{} on idle",
@@ -200,7 +221,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     t.note(format!(
         "all {} connections opened first; requests written {:.0} ms after the fire; gateway quiet \
          (all parked) {:.0} ms after it{}; last answer {:.0} ms after the release",
-        int(n as u64),
+        int(opened as u64),
         w.fire_to_sent.as_secs_f64() * 1e3,
         w.fire_to_parked.as_secs_f64() * 1e3,
         if w.quiet {

@@ -217,7 +217,7 @@ async fn replicas_wave(
     mock.behave(json!({"hold": true, "latency_ms": LATENCY_MS}))
         .await?;
     let refs: Vec<&Gateway> = replicas.iter().collect();
-    let w = wave::run(&refs, n, mock).await?;
+    let w = wave::run(&refs, n, wave::Transport::Http1, mock).await?;
     let calls = w.upstream_calls;
     mock.behave(json!({})).await?;
 

@@ -1,6 +1,8 @@
 //! A wave: N identical requests sent at once on connections opened
 //! beforehand, spread round-robin over one or more gateways, while the
-//! provider holds the first upstream call.
+//! provider holds the first upstream call. Over HTTP/1.1 each request has a
+//! connection of its own; over HTTP/2 the requests are streams of a few
+//! connections.
 //!
 //! The steps: open every connection; fire (each connection writes its
 //! request as soon as a shared flag flips); wait until every request is
@@ -22,13 +24,46 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio::sync::watch;
 
-use crate::http::{Conn, Endpoint};
+use crate::http::{Conn, Endpoint, H2Conn};
 use crate::procs::{Gateway, KEY, MODEL, Mem, Mock, mem_of};
 
 /// How long each phase may take before the wave is given up.
 const PHASE_LIMIT: Duration = Duration::from_secs(90);
 /// Connections opened at once (stays well under the listen backlog).
 const CONNECT_BATCH: usize = 200;
+
+/// How the wave's requests travel.
+#[derive(Clone, Copy, Debug)]
+pub enum Transport {
+    /// One HTTP/1.1 connection per request.
+    Http1,
+    /// HTTP/2 with prior knowledge: this many connections (spread over the
+    /// gateways), the requests spread over them as streams.
+    Http2 { connections: usize },
+}
+
+impl Transport {
+    /// The connections a wave of `n` opens.
+    pub fn connections(self, n: usize) -> usize {
+        match self {
+            Transport::Http1 => n,
+            Transport::Http2 { connections } => connections.min(n),
+        }
+    }
+}
+
+/// One client side of the wave: a request's own connection, or a stream of
+/// a shared one.
+enum Client {
+    H1(Conn),
+    H2(H2Conn),
+}
+
+/// One request of the wave, ready to go.
+enum Call {
+    H1(Conn, Arc<Vec<u8>>),
+    H2(H2Conn, hyper::Request<http_body_util::Full<bytes::Bytes>>),
+}
 
 /// One request of the wave.
 pub struct Answer {
@@ -81,7 +116,12 @@ pub fn body() -> String {
     )
 }
 
-async fn connect_many(addrs: &[SocketAddr], n: usize) -> anyhow::Result<Vec<(usize, Conn)>> {
+/// Opens `n` connections (connection `i` to gateway `i % addrs.len()`).
+async fn connect_many(
+    addrs: &[SocketAddr],
+    n: usize,
+    transport: Transport,
+) -> anyhow::Result<Vec<(usize, Client)>> {
     let mut conns = Vec::with_capacity(n);
     let mut next = 0;
     while next < n {
@@ -89,7 +129,13 @@ async fn connect_many(addrs: &[SocketAddr], n: usize) -> anyhow::Result<Vec<(usi
         next += batch.len();
         let opened = futures_util::future::try_join_all(batch.into_iter().map(|i| {
             let g = i % addrs.len();
-            async move { Ok::<_, anyhow::Error>((g, Conn::connect(addrs[g]).await?)) }
+            async move {
+                let client = match transport {
+                    Transport::Http1 => Client::H1(Conn::connect(addrs[g]).await?),
+                    Transport::Http2 { .. } => Client::H2(H2Conn::connect(addrs[g]).await?),
+                };
+                Ok::<_, anyhow::Error>((g, client))
+            }
         }))
         .await?;
         conns.extend(opened);
@@ -107,23 +153,40 @@ fn cpus(gateways: &[&Gateway]) -> anyhow::Result<Vec<Duration>> {
 
 /// Runs a wave of `n` identical requests over `gateways` (round-robin);
 /// `mock` must be holding requests.
-pub async fn run(gateways: &[&Gateway], n: usize, mock: &Mock) -> anyhow::Result<Wave> {
+pub async fn run(
+    gateways: &[&Gateway],
+    n: usize,
+    transport: Transport,
+    mock: &Mock,
+) -> anyhow::Result<Wave> {
     let addrs: Vec<SocketAddr> = gateways.iter().map(|g| g.addr).collect();
     let body = body();
-    let requests: Vec<Arc<Vec<u8>>> = addrs
+    let endpoints: Vec<Endpoint> = addrs.iter().map(|a| Endpoint::new(*a, Some(KEY))).collect();
+    let requests: Vec<Arc<Vec<u8>>> = endpoints
         .iter()
-        .map(|a| {
-            Arc::new(Endpoint::new(*a, Some(KEY)).post(
-                "/v1/chat/completions",
-                &[],
-                body.as_bytes(),
-            ))
-        })
+        .map(|e| Arc::new(e.post("/v1/chat/completions", &[], body.as_bytes())))
         .collect();
+    let body = bytes::Bytes::from(body);
 
     let calls_before = mock.calls().await?;
     let idle_mem = mems(gateways)?;
-    let conns = connect_many(&addrs, n).await?;
+    let opened = connect_many(&addrs, transport.connections(n), transport).await?;
+    // Request `i` on connection `i % connections`: HTTP/1.1 connections are
+    // taken one per request, HTTP/2 ones shared.
+    let mut conns = Vec::with_capacity(n);
+    let mut shared = Vec::new();
+    for (g, client) in opened {
+        match client {
+            Client::H1(conn) => conns.push((g, Client::H1(conn))),
+            Client::H2(conn) => shared.push((g, conn)),
+        }
+    }
+    for i in 0..n.saturating_sub(conns.len()) {
+        if let Some((g, conn)) = shared.get(i % shared.len().max(1)) {
+            conns.push((*g, Client::H2(conn.clone())));
+        }
+    }
+    drop(shared);
     let connected_mem = mems(gateways)?;
 
     // Resident memory sampled all along, for the peak.
@@ -149,18 +212,34 @@ pub async fn run(gateways: &[&Gateway], n: usize, mock: &Mock) -> anyhow::Result
     let sent = Arc::new(AtomicUsize::new(0));
     let answered = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::with_capacity(n);
-    for (g, mut conn) in conns {
+    for (g, client) in conns {
         let mut ready = ready.clone();
         let (sent, answered) = (Arc::clone(&sent), Arc::clone(&answered));
-        let request = Arc::clone(&requests[g]);
+        let call = match client {
+            Client::H1(conn) => Call::H1(conn, Arc::clone(&requests[g])),
+            Client::H2(conn) => Call::H2(
+                conn,
+                endpoints[g].post_h2("/v1/chat/completions", body.clone())?,
+            ),
+        };
         tasks.push(tokio::spawn(async move {
             let fired = ready.wait_for(|go| *go).await.is_ok();
             let reply = if fired {
-                let written = conn.send(&request).await;
-                sent.fetch_add(1, Ordering::SeqCst);
-                match written {
-                    Ok(()) => conn.receive().await,
-                    Err(e) => Err(e),
+                match call {
+                    Call::H1(mut conn, request) => {
+                        let written = conn.send(&request).await;
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        match written {
+                            Ok(()) => conn.receive().await,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    Call::H2(conn, request) => {
+                        // Queued on the connection once `send` returns.
+                        let answer = conn.send(request);
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        answer.await
+                    }
                 }
             } else {
                 sent.fetch_add(1, Ordering::SeqCst);
@@ -196,11 +275,7 @@ pub async fn run(gateways: &[&Gateway], n: usize, mock: &Mock) -> anyhow::Result
     // The probe: held like the leader's call, released with it.
     let mut probe = Conn::connect(mock.addr).await?;
     probe
-        .send(&Endpoint::new(mock.addr, Some(KEY)).post(
-            "/v1/chat/completions",
-            &[],
-            body.as_bytes(),
-        ))
+        .send(&Endpoint::new(mock.addr, Some(KEY)).post("/v1/chat/completions", &[], &body))
         .await?;
     let probe = tokio::spawn(async move { probe.receive().await.map(|_| Instant::now()) });
     held &= mock.held(2, PHASE_LIMIT).await?;
