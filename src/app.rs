@@ -89,6 +89,7 @@ impl App {
             jobs,
             limits,
             reqlog,
+            background: TaskTracker::new(),
         }));
         Ok(App { listener, state })
     }
@@ -116,7 +117,9 @@ impl App {
         let App { listener, state } = self;
         let grace = state.config.server.shutdown_grace;
         let stop = CancellationToken::new();
-        let tracker = TaskTracker::new();
+        // The workers, the reconciler, the registry and what requests leave
+        // behind: one tracker, waited for within the grace.
+        let tracker = state.background.clone();
 
         reconciler::on_startup(&state).await;
         executor::spawn(&state, &stop, &tracker);

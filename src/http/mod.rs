@@ -35,6 +35,7 @@ use crate::routes::Routes;
 use crate::store::Store;
 use crate::tenants::{Keyring, Principal};
 use error::ApiError;
+use tokio_util::task::TaskTracker;
 use validate::Limits;
 
 /// Everything a handler may use: cheap handles, no global lock.
@@ -49,6 +50,9 @@ pub struct Shared {
     pub jobs: Arc<Jobs>,
     pub limits: Limits,
     pub reqlog: RequestLog,
+    /// Work that outlives its request (a streamed answer's log line, written
+    /// when the stream ends): the shutdown waits for it within its grace.
+    pub background: TaskTracker,
 }
 
 #[derive(Clone)]

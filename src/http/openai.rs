@@ -100,7 +100,7 @@ pub async fn chat_completions(
             let head_latency = started.elapsed();
             let (app, flight, body) = (app.clone(), flight.clone(), req.body.clone());
             let route_name = route.name.clone();
-            tokio::spawn(async move {
+            app.background.clone().spawn(async move {
                 // Every flight ends: its leader's ticket finishes it on drop.
                 let answer = flight.done(None).await;
                 let mut entry = Entry::new(&tenant, &route_name, &fp, outcome, status, started)

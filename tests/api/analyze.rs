@@ -536,3 +536,51 @@ async fn the_stdout_request_lines_are_json_that_analyze_reads() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A stream's log line is written when the stream ends, after its handler
+/// returned: the shutdown waits for it (within its grace) even when the
+/// client has left and no connection is open any more.
+#[tokio::test]
+async fn a_stream_still_running_at_shutdown_keeps_its_log_line() {
+    let mut spec = Spec::default();
+    // Several chunks 250 ms apart: the stream runs well past the signal.
+    spec.primary.chunk_delay_ms = 250;
+    let mocks = start_mocks(&spec).await;
+    let (mut proc, dir) = Proc::start_default(&mocks).await;
+    let mut body = chat_body("a story that outlives its listener");
+    body["stream"] = json!(true);
+    let r = client()
+        .post(format!("{}/v1/chat/completions", proc.base))
+        .bearer_auth(ACME)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The client leaves after the head; the upstream call goes on.
+    drop(r);
+    proc.signal("TERM");
+    let status = tokio::time::timeout(Duration::from_secs(10), proc.child.wait())
+        .await
+        .expect("idem did not stop")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut lines = Vec::new();
+    // Everything printed, up to the end of the output.
+    while let Ok(Some(line)) =
+        tokio::time::timeout(Duration::from_secs(10), proc.lines.recv()).await
+    {
+        lines.push(line);
+    }
+    let request = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["target"] == "idem::request")
+        .unwrap_or_else(|| panic!("no request line before the exit: {lines:#?}"));
+    assert_eq!(request["outcome"], "leader", "{request}");
+    assert!(
+        request["upstream_ms"].as_f64().unwrap() >= 250.0,
+        "logged when the stream ended: {request}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
