@@ -73,10 +73,21 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    serve_with(listener, router, shutdown, HEADER_READ_TIMEOUT).await;
+}
+
+/// [`serve`] with another bound on a new connection's first bytes and on
+/// a request head (the tests' way to see it work without waiting 30 s).
+async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    header_read_timeout: Duration,
+) {
     let mut h1 = http1::Builder::new();
     h1.half_close(true)
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(header_read_timeout);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
@@ -118,7 +129,7 @@ pub async fn serve(
             // once: wait for the first bytes (or the end) so that open idle
             // connections cost next to nothing.
             let protocol = tokio::select! {
-                sniffed = tokio::time::timeout(HEADER_READ_TIMEOUT, sniff(&tcp)) => match sniffed {
+                sniffed = tokio::time::timeout(header_read_timeout, sniff(&tcp)) => match sniffed {
                     Ok(Ok(Some(protocol))) => protocol,
                     Ok(Ok(None) | Err(_)) | Err(_) => return,
                 },
@@ -240,6 +251,76 @@ mod tests {
         let sniffing = tokio::spawn(async move { sniff(&server).await.unwrap() });
         client.write_all(b"OST / HTTP/1.1\r\n").await.unwrap();
         assert_eq!(sniffing.await.unwrap(), Some(Protocol::Http1));
+    }
+
+    /// How long a test waits for the gateway to close a connection.
+    const PATIENCE: Duration = Duration::from_secs(5);
+
+    /// Reads until the server closes; how long that took.
+    async fn until_closed(mut tcp: TcpStream) -> (Duration, String) {
+        use tokio::io::AsyncReadExt;
+        let started = std::time::Instant::now();
+        let mut got = Vec::new();
+        tokio::time::timeout(PATIENCE, tcp.read_to_end(&mut got))
+            .await
+            .expect("the connection was not closed")
+            .unwrap();
+        (
+            started.elapsed(),
+            String::from_utf8_lossy(&got).into_owned(),
+        )
+    }
+
+    /// Slow-loris defences: a connection that sends nothing, one that sends
+    /// half a request head, and an idle keep-alive one are each closed once
+    /// the head timeout has passed (and not before), while a request that
+    /// arrives in time is served.
+    #[tokio::test]
+    async fn silent_slow_and_idle_connections_are_closed_after_the_head_timeout() {
+        const LIMIT: Duration = Duration::from_millis(300);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(
+            listener,
+            router,
+            async move {
+                let _ = stopped.await;
+            },
+            LIMIT,
+        ));
+
+        let silent = TcpStream::connect(addr).await.unwrap();
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: idem\r\n")
+            .await
+            .unwrap();
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: idem\r\n\r\n")
+            .await
+            .unwrap();
+        let (silent, slow, idle) =
+            tokio::join!(until_closed(silent), until_closed(slow), until_closed(idle));
+        for (what, (took, _)) in [("silent", &silent), ("slow", &slow), ("idle", &idle)] {
+            assert!(
+                *took >= LIMIT / 2,
+                "{what} closed after {took:?}, before its time"
+            );
+        }
+        assert!(
+            slow.1.is_empty() || slow.1.starts_with("HTTP/1.1 408"),
+            "{}",
+            slow.1
+        );
+        assert!(idle.1.starts_with("HTTP/1.1 200"), "{}", idle.1);
+        assert!(idle.1.ends_with("ok"), "{}", idle.1);
+
+        let _ = stop.send(());
+        tokio::time::timeout(PATIENCE, server)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test]
