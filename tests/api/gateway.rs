@@ -634,3 +634,68 @@ async fn http2_streams_of_one_connection_coalesce_and_http1_shares_the_port() {
     drop(sender);
     conn.await.unwrap().expect("the HTTP/2 connection failed");
 }
+
+/// Shutdown over HTTP/2: an idle connection is closed at once (GOAWAY),
+/// a request in progress on another connection still gets its answer, and
+/// the gateway exits when it has.
+#[tokio::test]
+async fn on_shutdown_http2_requests_in_progress_finish_and_idle_connections_close() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let mocks = start_mocks(&Spec {
+        primary: Behaviour {
+            hold: true,
+            ..Behaviour::default()
+        },
+        ..Spec::default()
+    })
+    .await;
+    let (mut proc, dir) = Proc::start_default(&mocks).await;
+    let addr = proc.base.trim_start_matches("http://").to_string();
+    let connect = || async {
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        (sender, tokio::spawn(conn))
+    };
+    let (mut busy, busy_conn) = connect().await;
+    let (idle, idle_conn) = connect().await;
+    let body = serde_json::to_vec(&chat_body("finish me")).unwrap();
+    let request = hyper::Request::post(format!("{}/v1/chat/completions", proc.base))
+        .header("authorization", format!("Bearer {ACME}"))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let answer = tokio::spawn(busy.send_request(request));
+    held(&mocks.primary, 1).await;
+
+    proc.signal("TERM");
+    tokio::time::timeout(Duration::from_secs(5), idle_conn)
+        .await
+        .expect("the idle HTTP/2 connection was not closed at the shutdown")
+        .unwrap()
+        .expect("the idle connection ended with an error, not a GOAWAY");
+    assert!(!answer.is_finished(), "answered before the release");
+    release(&mocks.primary, None).await;
+    let r = answer
+        .await
+        .unwrap()
+        .expect("the request in progress was cut");
+    assert_eq!(r.status(), 200);
+    let text = r.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&text).contains("mock answer #1 to: finish me"),
+        "{text:?}"
+    );
+    let status = tokio::time::timeout(Duration::from_secs(5), proc.child.wait())
+        .await
+        .expect("the gateway did not exit after the last answer")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let _ = tokio::time::timeout(Duration::from_secs(5), busy_conn).await;
+    drop(idle);
+    let _ = std::fs::remove_dir_all(&dir);
+}
