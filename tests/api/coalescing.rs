@@ -10,16 +10,6 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 
-fn holding() -> Spec {
-    Spec {
-        primary: Behaviour {
-            hold: true,
-            ..Behaviour::default()
-        },
-        ..Spec::default()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wave_of_1000_makes_one_call_the_next_wave_none_and_another_tenant_one() {
     let app = TestApp::with(holding()).await;

@@ -325,14 +325,7 @@ async fn unknown_paths_and_methods_get_error_objects() {
 
 #[tokio::test]
 async fn graceful_shutdown_finishes_requests_in_progress_then_exits() {
-    let mocks = start_mocks(&Spec {
-        primary: Behaviour {
-            hold: true,
-            ..Behaviour::default()
-        },
-        ..Spec::default()
-    })
-    .await;
+    let mocks = start_mocks(&holding()).await;
     let (mut proc, dir) = Proc::start_default(&mocks).await;
     let client = client();
     let url = format!("{}/v1/chat/completions", proc.base);
@@ -568,38 +561,17 @@ async fn half_closed_requests_are_answered_and_idle_connections_do_not_delay_shu
 /// an HTTP/1.1 client on the same port is served as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn http2_streams_of_one_connection_coalesce_and_http1_shares_the_port() {
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use http_body_util::BodyExt;
 
     const STREAMS: usize = 150;
-    let app = TestApp::with(Spec {
-        primary: Behaviour {
-            hold: true,
-            ..Behaviour::default()
-        },
-        ..Spec::default()
-    })
-    .await;
-    let tcp = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .expect("no HTTP/2 handshake");
-    let conn = tokio::spawn(conn);
-    let body = bytes::Bytes::from(serde_json::to_vec(&chat_body("over one connection")).unwrap());
+    let app = TestApp::with(holding()).await;
+    let (sender, conn) = h2_connect(app.base.trim_start_matches("http://")).await;
+    let body = chat_body("over one connection");
     let tasks: Vec<_> = (0..STREAMS)
         .map(|_| {
-            let (mut sender, body) = (sender.clone(), body.clone());
-            let uri = app.url("/v1/chat/completions");
+            let answer = sender.clone().send_request(h2_chat(&app.base, ACME, &body));
             tokio::spawn(async move {
-                let request = hyper::Request::post(uri)
-                    .header("authorization", format!("Bearer {ACME}"))
-                    .header("content-type", "application/json")
-                    .body(Full::new(body))
-                    .unwrap();
-                let r = sender.send_request(request).await.unwrap();
+                let r = answer.await.unwrap();
                 assert_eq!(r.version(), hyper::Version::HTTP_2);
                 let outcome = r.headers()["idem-outcome"].to_str().unwrap().to_string();
                 let status = r.status().as_u16();
@@ -640,35 +612,14 @@ async fn http2_streams_of_one_connection_coalesce_and_http1_shares_the_port() {
 /// the gateway exits when it has.
 #[tokio::test]
 async fn on_shutdown_http2_requests_in_progress_finish_and_idle_connections_close() {
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use http_body_util::BodyExt;
 
-    let mocks = start_mocks(&Spec {
-        primary: Behaviour {
-            hold: true,
-            ..Behaviour::default()
-        },
-        ..Spec::default()
-    })
-    .await;
+    let mocks = start_mocks(&holding()).await;
     let (mut proc, dir) = Proc::start_default(&mocks).await;
     let addr = proc.base.trim_start_matches("http://").to_string();
-    let connect = || async {
-        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        let (sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-                .await
-                .unwrap();
-        (sender, tokio::spawn(conn))
-    };
-    let (mut busy, busy_conn) = connect().await;
-    let (idle, idle_conn) = connect().await;
-    let body = serde_json::to_vec(&chat_body("finish me")).unwrap();
-    let request = hyper::Request::post(format!("{}/v1/chat/completions", proc.base))
-        .header("authorization", format!("Bearer {ACME}"))
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from(body)))
-        .unwrap();
+    let (mut busy, busy_conn) = h2_connect(&addr).await;
+    let (idle, idle_conn) = h2_connect(&addr).await;
+    let request = h2_chat(&proc.base, ACME, &chat_body("finish me"));
     let answer = tokio::spawn(busy.send_request(request));
     held(&mocks.primary, 1).await;
 

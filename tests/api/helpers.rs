@@ -426,6 +426,50 @@ pub async fn release_with(mock: &MockServer, body: Value) {
     assert_eq!(r.status(), 200);
 }
 
+/// The default spec with a provider that holds every call until released.
+pub fn holding() -> Spec {
+    Spec {
+        primary: Behaviour {
+            hold: true,
+            ..Behaviour::default()
+        },
+        ..Spec::default()
+    }
+}
+
+/// An HTTP/2 connection (prior knowledge) to `addr`, driven by a task of
+/// its own that ends with the connection.
+pub async fn h2_connect(
+    addr: &str,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("no HTTP/2 handshake");
+    (sender, tokio::spawn(conn))
+}
+
+/// A chat completion as tenant `key`, as an HTTP/2 request to `base`.
+pub fn h2_chat(
+    base: &str,
+    key: &str,
+    body: &Value,
+) -> hyper::Request<http_body_util::Full<bytes::Bytes>> {
+    hyper::Request::post(format!("{base}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            serde_json::to_vec(body).unwrap(),
+        )))
+        .unwrap()
+}
+
 pub fn chat_body(content: &str) -> Value {
     json!({"model": "bot", "messages": [{"role": "user", "content": content}]})
 }

@@ -41,16 +41,6 @@ fn state_is(s: &'static str) -> impl Fn(&Value) -> bool {
     move |j: &Value| j["state"] == s
 }
 
-fn holding() -> Spec {
-    Spec {
-        primary: Behaviour {
-            hold: true,
-            ..Behaviour::default()
-        },
-        ..Spec::default()
-    }
-}
-
 async fn double_click(spec: Spec) {
     let app = TestApp::with(spec).await;
     let body = job_request("Charge order 45");

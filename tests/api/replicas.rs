@@ -145,16 +145,6 @@ impl Drop for Cluster {
     }
 }
 
-fn holding() -> Spec {
-    Spec {
-        primary: Behaviour {
-            hold: true,
-            ..Behaviour::default()
-        },
-        ..Spec::default()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wave_split_over_three_replicas_makes_one_call() {
     let c = Cluster::start(3, holding(), &redis_url()).await;
