@@ -129,11 +129,13 @@ impl App {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, source = %state.config.source, "idem listening");
         let server_stop = stop.clone();
-        let serve = crate::http::server::serve(listener, router(state.clone()), async move {
-            shutdown.await;
-            tracing::info!("shutting down: no new connections");
-            server_stop.cancel();
-        });
+        let connections = state.metrics.connections.clone();
+        let serve =
+            crate::http::server::serve(listener, router(state.clone()), connections, async move {
+                shutdown.await;
+                tracing::info!("shutting down: no new connections");
+                server_stop.cancel();
+            });
         let mut server = tokio::spawn(serve);
         // Wait for the signal (or a server failure), then give connections
         // in progress their grace.

@@ -152,6 +152,25 @@ pub struct Metrics {
     pub jobs_unknown: Gauge,
     pub redis_errors: Tally,
     rate_limited: Counter,
+    pub connections: ConnectionGauges,
+}
+
+/// Open client connections by protocol (`idem_http_connections`), counted
+/// from their first bytes, when the protocol is known.
+#[derive(Clone)]
+pub struct ConnectionGauges {
+    pub http1: Gauge,
+    pub http2: Gauge,
+}
+
+impl ConnectionGauges {
+    /// Gauges that count nothing (a server outside an [`App`](crate::app::App)).
+    pub fn noop() -> ConnectionGauges {
+        ConnectionGauges {
+            http1: Gauge::noop(),
+            http2: Gauge::noop(),
+        }
+    }
 }
 
 fn labels(pairs: &[(&'static str, &str)]) -> Vec<Label> {
@@ -226,6 +245,16 @@ impl Metrics {
         redis_errors.increment(0);
         let rate_limited =
             recorder.register_counter(&Key::from_name("idem_rate_limited_total"), &meta);
+        let connections_of = |protocol: &'static str| {
+            let key = Key::from_parts("idem_http_connections", labels(&[("protocol", protocol)]));
+            let gauge = recorder.register_gauge(&key, &meta);
+            gauge.set(0.0);
+            gauge
+        };
+        let connections = ConnectionGauges {
+            http1: connections_of("http1"),
+            http2: connections_of("http2"),
+        };
         let m = Metrics {
             recorder,
             handle,
@@ -237,6 +266,7 @@ impl Metrics {
             jobs_unknown,
             redis_errors,
             rate_limited,
+            connections,
         };
         m.describe();
         m
@@ -296,6 +326,11 @@ impl Metrics {
             "idem_inflight_flights".into(),
             None,
             "Upstream calls in flight.".into(),
+        );
+        self.recorder.describe_gauge(
+            "idem_http_connections".into(),
+            None,
+            "Open client connections by protocol (http1, http2), from their first bytes.".into(),
         );
         self.recorder.describe_gauge(
             "idem_jobs_unknown".into(),

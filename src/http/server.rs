@@ -43,9 +43,12 @@ use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use metrics::Gauge;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
+
+use crate::metrics::ConnectionGauges;
 
 /// How long a client may take to send a request head (or, on a new
 /// connection, its first bytes).
@@ -71,9 +74,10 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub async fn serve(
     listener: TcpListener,
     router: Router,
+    connections: ConnectionGauges,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    serve_with(listener, router, shutdown, HEADER_READ_TIMEOUT).await;
+    serve_with(listener, router, connections, shutdown, HEADER_READ_TIMEOUT).await;
 }
 
 /// [`serve`] with another bound on a new connection's first bytes and on
@@ -81,6 +85,7 @@ pub async fn serve(
 async fn serve_with(
     listener: TcpListener,
     router: Router,
+    connections: ConnectionGauges,
     shutdown: impl Future<Output = ()> + Send + 'static,
     header_read_timeout: Duration,
 ) {
@@ -124,6 +129,7 @@ async fn serve_with(
             .map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
         let builders = Arc::clone(&builders);
         let (watcher, closing) = (graceful.watcher(), closing.clone());
+        let connections = connections.clone();
         tokio::spawn(async move {
             // hyper gives an HTTP/1.1 connection its 8 KiB read buffer at
             // once: wait for the first bytes (or the end) so that open idle
@@ -135,6 +141,10 @@ async fn serve_with(
                 },
                 () = closing.cancelled() => return,
             };
+            let _open = Open::count(match protocol {
+                Protocol::Http1 => connections.http1,
+                Protocol::Http2 => connections.http2,
+            });
             let (io, service) = (TokioIo::new(tcp), TowerToHyperService::new(service));
             let (h1, h2) = &*builders;
             let ended = match protocol {
@@ -151,6 +161,23 @@ async fn serve_with(
     drop(listener);
     closing.cancel();
     graceful.shutdown().await;
+}
+
+/// One open connection on its protocol's gauge, until dropped (however the
+/// connection's task ends).
+struct Open(Gauge);
+
+impl Open {
+    fn count(gauge: Gauge) -> Open {
+        gauge.increment(1.0);
+        Open(gauge)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
 }
 
 /// The protocol a connection speaks, told by its first bytes.
@@ -285,6 +312,7 @@ mod tests {
         let server = tokio::spawn(serve_with(
             listener,
             router,
+            ConnectionGauges::noop(),
             async move {
                 let _ = stopped.await;
             },

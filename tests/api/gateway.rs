@@ -557,8 +557,9 @@ async fn half_closed_requests_are_answered_and_idle_connections_do_not_delay_shu
 
 /// HTTP/2 with prior knowledge on the gateway's one port: identical
 /// requests sent as streams of one connection coalesce into one call like
-/// requests on separate connections, every stream gets the same answer, and
-/// an HTTP/1.1 client on the same port is served as before.
+/// requests on separate connections, every stream gets the same answer, an
+/// HTTP/1.1 client on the same port is served as before, and the open
+/// connections are counted by protocol.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn http2_streams_of_one_connection_coalesce_and_http1_shares_the_port() {
     use http_body_util::BodyExt;
@@ -603,8 +604,24 @@ async fn http2_streams_of_one_connection_coalesce_and_http1_shares_the_port() {
     assert_eq!(r.version(), reqwest::Version::HTTP_11);
     assert_eq!(r.headers()["idem-outcome"], "cache-hit");
     assert_eq!(r.text().await.unwrap(), *first);
+    // The open connections by protocol: this one, and the metrics request's.
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("idem_http_connections{protocol=\"http2\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("idem_http_connections{protocol=\"http1\"} 0"),
+        "{metrics}"
+    );
     drop(sender);
     conn.await.unwrap().expect("the HTTP/2 connection failed");
+    eventually_async(Duration::from_secs(5), || async {
+        app.metrics()
+            .await
+            .contains("idem_http_connections{protocol=\"http2\"} 0")
+    })
+    .await;
 }
 
 /// Shutdown over HTTP/2: an idle connection is closed at once (GOAWAY),
