@@ -210,6 +210,8 @@ impl Drop for Proc {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Mem {
     pub rss_kib: u64,
+    /// The part of `rss_kib` mapped from files (the binary's code pages).
+    pub file_kib: u64,
     /// Peak resident set size (high water mark).
     pub hwm_kib: u64,
 }
@@ -228,6 +230,7 @@ pub fn mem_of(pid: u32) -> anyhow::Result<Mem> {
     };
     Ok(Mem {
         rss_kib: field("VmRSS:")?,
+        file_kib: field("RssFile:")?,
         hwm_kib: field("VmHWM:")?,
     })
 }
