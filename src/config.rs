@@ -713,14 +713,10 @@ impl Config {
             if !provider_names.insert(provider.name.as_str()) {
                 return Err(self.invalid(format!("providers[{p}].name"), "duplicate provider name"));
             }
-            if provider.kind == ProviderKind::Openai {
-                let u = &provider.base_url;
-                if !(u.starts_with("http://") || u.starts_with("https://")) {
-                    return Err(self.invalid(
-                        format!("providers[{p}].base_url"),
-                        "an openai provider needs an http:// or https:// base_url",
-                    ));
-                }
+            if provider.kind == ProviderKind::Openai
+                && let Err(reason) = crate::providers::chat_url(&provider.base_url)
+            {
+                return Err(self.invalid(format!("providers[{p}].base_url"), reason));
             }
             if provider.timeout.is_zero() {
                 return Err(self.invalid(format!("providers[{p}].timeout"), "must be above zero"));
@@ -1020,6 +1016,28 @@ targets = [{ provider = "primray", model = "x" }]
             .unwrap_err()
             .to_string();
         assert!(err.contains("tenants"), "{err}");
+    }
+
+    #[test]
+    fn an_openai_base_url_must_parse_as_an_http_url() {
+        let with = |url: &str| {
+            parse(&format!(
+                "[[providers]]\nname = \"p\"\nkind = \"openai\"\nbase_url = \"{url}\"\n[[routes]]\nmodel = \"m\"\ntargets = [{{ provider = \"p\", model = \"x\" }}]\n"
+            ))
+        };
+        for bad in [
+            "",
+            "api.example.com/v1",
+            "ftp://example.com/v1",
+            "http://exa mple.com/v1",
+            "http://[::1/v1",
+        ] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(err.contains("providers[0].base_url"), "{bad:?}: {err}");
+        }
+        for good in ["http://127.0.0.1:9001/v1", "https://api.example.com/v1/"] {
+            assert!(with(good).is_ok(), "{good:?}");
+        }
     }
 
     #[test]

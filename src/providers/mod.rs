@@ -72,7 +72,7 @@ pub struct Provider {
     pub name: Arc<str>,
     pub kind: ProviderKind,
     pub timeout: Duration,
-    chat_url: String,
+    upstream: Upstream,
     api_key: Option<SecretString>,
     client: reqwest::Client,
     mock_seq: AtomicU64,
@@ -83,8 +83,30 @@ impl std::fmt::Debug for Provider {
         f.debug_struct("Provider")
             .field("name", &self.name)
             .field("kind", &self.kind)
-            .field("chat_url", &self.chat_url)
+            .field("upstream", &self.upstream)
             .finish_non_exhaustive()
+    }
+}
+
+/// Where a provider's calls go.
+#[derive(Debug)]
+enum Upstream {
+    /// `kind = "mock"`: answered in process.
+    Mock,
+    /// The chat completions URL of an OpenAI-compatible provider, parsed
+    /// once here rather than on every call.
+    Http(reqwest::Url),
+}
+
+/// The chat completions URL under an OpenAI-compatible `base_url`.
+pub fn chat_url(base_url: &str) -> Result<reqwest::Url, String> {
+    let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
+    let parsed = reqwest::Url::parse(&url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    match parsed.scheme() {
+        "http" | "https" => Ok(parsed),
+        _ => Err(format!(
+            "{url:?}: an openai provider needs an http:// or https:// base_url"
+        )),
     }
 }
 
@@ -99,6 +121,8 @@ pub enum ProviderError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("provider {provider}: base_url: {reason}")]
+    BaseUrl { provider: String, reason: String },
 }
 
 impl Provider {
@@ -125,11 +149,22 @@ impl Provider {
                 provider: config.name.clone(),
                 source: e,
             })?;
+        let upstream = match config.kind {
+            ProviderKind::Mock => Upstream::Mock,
+            ProviderKind::Openai => {
+                Upstream::Http(chat_url(&config.base_url).map_err(|reason| {
+                    ProviderError::BaseUrl {
+                        provider: config.name.clone(),
+                        reason,
+                    }
+                })?)
+            }
+        };
         Ok(Provider {
             name: Arc::from(config.name.as_str()),
             kind: config.kind,
             timeout: config.timeout,
-            chat_url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+            upstream,
             api_key,
             client,
             mock_seq: AtomicU64::new(0),
@@ -140,16 +175,21 @@ impl Provider {
     /// and returns once the provider has answered with a status. `timeout`
     /// bounds the wait for the head and every pause between body chunks.
     pub async fn send(&self, body: Bytes, timeout: Duration) -> Result<UpstreamReply, CallError> {
-        match self.kind {
-            ProviderKind::Mock => Ok(self.mock_reply(&body)),
-            ProviderKind::Openai => self.http_send(body, timeout).await,
+        match &self.upstream {
+            Upstream::Mock => Ok(self.mock_reply(&body)),
+            Upstream::Http(url) => self.http_send(url, body, timeout).await,
         }
     }
 
-    async fn http_send(&self, body: Bytes, timeout: Duration) -> Result<UpstreamReply, CallError> {
+    async fn http_send(
+        &self,
+        url: &reqwest::Url,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<UpstreamReply, CallError> {
         let mut req = self
             .client
-            .post(&self.chat_url)
+            .post(url.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .body(body);
         if let Some(key) = &self.api_key {
@@ -303,5 +343,22 @@ impl Providers {
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Provider>> {
         self.by_name.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chat_url_is_joined_once_whatever_the_trailing_slash() {
+        for base in ["http://127.0.0.1:9001/v1", "http://127.0.0.1:9001/v1/"] {
+            let url = chat_url(base).unwrap();
+            assert_eq!(url.as_str(), "http://127.0.0.1:9001/v1/chat/completions");
+        }
+        let err = chat_url("http://exa mple.com").unwrap_err();
+        assert!(err.contains("not a URL"), "{err}");
+        let err = chat_url("file:///v1").unwrap_err();
+        assert!(err.contains("http:// or https://"), "{err}");
     }
 }
