@@ -110,6 +110,11 @@ pub fn chat_url(base_url: &str) -> Result<reqwest::Url, String> {
     }
 }
 
+/// True when `Authorization: Bearer <key>` is a valid header value.
+fn can_be_bearer(key: &str) -> bool {
+    HeaderValue::from_str(&format!("Bearer {key}")).is_ok()
+}
+
 /// Provider set-up failures (at start-up only).
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
@@ -121,6 +126,10 @@ pub enum ProviderError {
         #[source]
         source: reqwest::Error,
     },
+    #[error(
+        "provider {provider}: the key in {var} (api_key_env) has characters an HTTP header cannot carry (a line break or a control character)"
+    )]
+    UnsendableKey { provider: String, var: String },
     #[error("provider {provider}: base_url: {reason}")]
     BaseUrl { provider: String, reason: String },
 }
@@ -129,6 +138,14 @@ impl Provider {
     pub fn new(config: &ProviderConfig) -> Result<Provider, ProviderError> {
         let api_key = match &config.api_key_env {
             Some(var) => match std::env::var(var) {
+                // A key an HTTP header cannot carry would fail every call
+                // after it was counted as sent: refuse it here.
+                Ok(v) if !v.is_empty() && !can_be_bearer(&v) => {
+                    return Err(ProviderError::UnsendableKey {
+                        provider: config.name.clone(),
+                        var: var.clone(),
+                    });
+                }
                 Ok(v) if !v.is_empty() => Some(SecretString::from(v)),
                 _ => {
                     return Err(ProviderError::MissingKey {
@@ -360,5 +377,12 @@ mod tests {
         assert!(err.contains("not a URL"), "{err}");
         let err = chat_url("file:///v1").unwrap_err();
         assert!(err.contains("http:// or https://"), "{err}");
+    }
+
+    #[test]
+    fn a_key_with_a_line_break_cannot_be_a_bearer_token() {
+        assert!(can_be_bearer("sk-abc_DEF-123"));
+        assert!(!can_be_bearer("sk-abc\n"));
+        assert!(!can_be_bearer("sk-\u{7f}abc"));
     }
 }

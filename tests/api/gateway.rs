@@ -395,6 +395,25 @@ async fn provider_keys_come_from_the_environment_and_client_keys_never_travel() 
     let log = proc.drain().join("\n");
     assert!(!log.contains("sk-provider-secret"), "provider key logged");
     assert!(!log.contains(ACME), "client key logged");
+    // A key that no HTTP header can carry (a file's trailing line break)
+    // stops the start, naming the variable and not the key.
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("IDEM_TEST_PRIMARY_KEY", "sk-provider-secret\n")
+            .env_remove("IDEM_CONFIG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("idem serve did not stop on an unsendable key")
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("IDEM_TEST_PRIMARY_KEY"), "{err}");
+    assert!(!err.contains("sk-provider-secret"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
