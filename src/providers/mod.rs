@@ -94,7 +94,7 @@ enum Upstream {
     /// `kind = "mock"`: answered in process.
     Mock,
     /// The chat completions URL of an OpenAI-compatible provider, parsed
-    /// once here rather than on every call.
+    /// once at start-up rather than on every call.
     Http(reqwest::Url),
 }
 
