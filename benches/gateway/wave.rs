@@ -11,6 +11,8 @@
 //! memory; send the same request to the mock directly (the *probe*, held
 //! too); release the mock, which then answers every held call after its
 //! latency; collect the answers with their times counted from the release.
+//! Connections stay open until the last answer is in, as a client's pool
+//! keeps them, and are closed after.
 //!
 //! The probe is the baseline: the upstream's own latency after the release,
 //! as a client talking to the provider directly sees it, measured in the
@@ -91,7 +93,8 @@ pub struct Wave {
     pub final_mem: Vec<Mem>,
     /// CPU used from the fire to the quiet point (reading the requests).
     pub cpu_intake: Vec<Duration>,
-    /// CPU used from the release to the last answer (answering them).
+    /// CPU used from the release to the last answer (answering them; the
+    /// connections are closed after it).
     pub cpu_answer: Vec<Duration>,
     pub fire_to_sent: Duration,
     pub fire_to_parked: Duration,
@@ -224,29 +227,34 @@ pub async fn run(
         };
         tasks.push(tokio::spawn(async move {
             let fired = ready.wait_for(|go| *go).await.is_ok();
-            let reply = if fired {
+            // The connection is handed back with the answer and closed only
+            // once the whole wave is in, as a client's pool keeps its
+            // connections: a close per answer would put 10,000 teardowns
+            // in the middle of the fan-out being measured.
+            let (reply, keep) = if fired {
                 match call {
                     Call::H1(mut conn, request) => {
                         let written = conn.send(&request).await;
                         sent.fetch_add(1, Ordering::SeqCst);
-                        match written {
+                        let reply = match written {
                             Ok(()) => conn.receive().await,
                             Err(e) => Err(e),
-                        }
+                        };
+                        (reply, Some(conn))
                     }
                     Call::H2(conn, request) => {
                         // Queued on the connection once `send` returns.
                         let answer = conn.send(request);
                         sent.fetch_add(1, Ordering::SeqCst);
-                        answer.await
+                        (answer.await, None)
                     }
                 }
             } else {
                 sent.fetch_add(1, Ordering::SeqCst);
-                Err(anyhow::anyhow!("never fired"))
+                (Err(anyhow::anyhow!("never fired")), None)
             };
             answered.fetch_add(1, Ordering::SeqCst);
-            (g, reply, Instant::now())
+            (g, reply, Instant::now(), keep)
         }));
     }
 
@@ -285,8 +293,10 @@ pub async fn run(
     mock.release().await?;
     let mut answers = Vec::with_capacity(n);
     let mut last = released_at;
+    let mut kept = Vec::with_capacity(n);
     for task in tasks {
-        let (gateway, reply, done) = task.await?;
+        let (gateway, reply, done, conn) = task.await?;
+        kept.extend(conn);
         last = last.max(done);
         answers.push(Answer {
             gateway,
@@ -297,12 +307,13 @@ pub async fn run(
         });
     }
     let release_to_last = last - released_at;
+    let cpu_answered = cpus(gateways)?;
+    drop(kept);
     let probe = probe
         .await?
         .ok()
         .and_then(|done| done.checked_duration_since(released_at));
     let upstream_calls = (mock.calls().await? - calls_before).saturating_sub(1);
-    let cpu_done = cpus(gateways)?;
     stop.store(true, Ordering::Relaxed);
     let sampled_peak_kib = sampler.await?;
     let final_mem = mems(gateways)?;
@@ -318,7 +329,7 @@ pub async fn run(
         sampled_peak_kib,
         final_mem,
         cpu_intake: diff(&cpu_parked, &cpu_fired),
-        cpu_answer: diff(&cpu_done, &cpu_parked),
+        cpu_answer: diff(&cpu_answered, &cpu_parked),
         fire_to_sent,
         fire_to_parked,
         quiet,
