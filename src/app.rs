@@ -78,6 +78,9 @@ impl App {
         };
         let jobs = Arc::new(Jobs::new(store.clone()));
         let reqlog = RequestLog::from_config(&config.log)?;
+        if let Some(dropped) = reqlog.dropped_lines() {
+            metrics.watch_log_drops("file", dropped);
+        }
         let state = AppState(Arc::new(Shared {
             config,
             keyring,

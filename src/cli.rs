@@ -1,12 +1,13 @@
 //! What the `idem` subcommands do, so `main` stays a table of calls:
 //! logging set-up, `serve`, `check`, `certify` and `routes`.
 
-use std::io::IsTerminal;
+use std::io::{BufWriter, IsTerminal};
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
 
+use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::FmtSpan;
 
@@ -14,11 +15,24 @@ use crate::app::{App, shutdown_signal};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::providers::Providers;
+use crate::reqlog::QUEUED_LINES;
 use crate::routes::Routes;
 use crate::store::Store;
 
-/// Keeps the log writer thread alive; dropping it flushes what is queued.
-pub type LogGuard = Option<tracing_appender::non_blocking::WorkerGuard>;
+/// Keeps the log writer thread alive (dropping it flushes what is queued)
+/// and tells how many lines the writer dropped.
+pub struct LogGuard {
+    _worker: Option<WorkerGuard>,
+    dropped: Option<ErrorCounter>,
+}
+
+impl LogGuard {
+    /// The writer's count of dropped lines; `None` when another subscriber
+    /// was installed first (tests) and this writer is not used.
+    pub fn dropped_lines(&self) -> Option<ErrorCounter> {
+        self.dropped.clone()
+    }
+}
 
 /// Installs the global tracing subscriber: `IDEM_LOG` (an `EnvFilter`,
 /// default `info`) chooses what is logged, `format` is `json` or `text`.
@@ -32,15 +46,22 @@ pub fn init_logging(format: &str) -> LogGuard {
 /// writer, see [`crate::reqlog`]).
 ///
 /// Lines go to stdout through a writer thread: a request never waits on a
-/// slow terminal or pipe (past 128,000 queued lines, new lines are dropped
-/// rather than holding up requests).
+/// slow terminal or pipe (past [`QUEUED_LINES`] queued lines, new lines are
+/// dropped, and counted, rather than holding up requests). The thread
+/// writes what is queued in one call where it can (a buffer of 64 KiB,
+/// flushed whenever the queue runs dry), not one call per line.
 #[must_use = "dropping the guard stops the log writer"]
 pub fn init_logging_with(format: &str, requests: bool) -> LogGuard {
     let mut filter = EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     if !requests && let Ok(d) = "idem::request=off".parse() {
         filter = filter.add_directive(d);
     }
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stdout());
+    let (writer, guard) = NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(QUEUED_LINES)
+        .thread_name("idem-log")
+        .finish(BufWriter::with_capacity(64 * 1024, std::io::stdout()));
+    let dropped = writer.error_counter();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_span_events(FmtSpan::NONE)
@@ -56,14 +77,26 @@ pub fn init_logging_with(format: &str, requests: bool) -> LogGuard {
         builder.compact().try_init()
     };
     // Only the first subscriber installed in a process keeps its writer.
-    installed.ok().map(|()| guard)
+    match installed {
+        Ok(()) => LogGuard {
+            _worker: Some(guard),
+            dropped: Some(dropped),
+        },
+        Err(_) => LogGuard {
+            _worker: None,
+            dropped: None,
+        },
+    }
 }
 
 /// `idem serve`.
 pub async fn serve(config: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(config)?;
-    let _log = init_logging_with(&config.log.format, config.log.requests == "stdout");
+    let log = init_logging_with(&config.log.format, config.log.requests == "stdout");
     let app = App::build(config).await?;
+    if let Some(dropped) = log.dropped_lines() {
+        app.state().metrics.watch_log_drops("stdout", dropped);
+    }
     app.run(shutdown_signal()).await
 }
 

@@ -18,6 +18,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 use serde::Serialize;
+use tracing_appender::non_blocking::ErrorCounter;
 
 use crate::config::Config;
 use crate::tenants::ANONYMOUS_TENANT;
@@ -153,6 +154,9 @@ pub struct Metrics {
     pub redis_errors: Tally,
     rate_limited: Counter,
     pub connections: ConnectionGauges,
+    /// Log writers whose dropped lines `/metrics` reports, read at each
+    /// scrape (the writer keeps its own count).
+    log_drops: Mutex<Vec<(Counter, ErrorCounter)>>,
 }
 
 /// Open client connections by protocol (`idem_http_connections`), counted
@@ -267,6 +271,7 @@ impl Metrics {
             redis_errors,
             rate_limited,
             connections,
+            log_drops: Mutex::new(Vec::new()),
         };
         m.describe();
         m
@@ -317,6 +322,10 @@ impl Metrics {
             "idem_rate_limited_total",
             "Requests refused with 429 by a tenant's rate limit.",
         );
+        d(
+            "idem_log_lines_dropped_total",
+            "Log lines dropped because the writer's queue was full, by sink (stdout: the process log, request lines included when they go there; file: the request log file).",
+        );
         self.recorder.describe_histogram(
             "idem_coalesce_wait_seconds".into(),
             Some(metrics::Unit::Seconds),
@@ -347,8 +356,25 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        if let Ok(watched) = self.log_drops.lock() {
+            for (counter, dropped) in watched.iter() {
+                counter.absolute(dropped.dropped_lines() as u64);
+            }
+        }
         self.handle.run_upkeep();
         self.handle.render()
+    }
+
+    /// Reports a log writer's dropped lines as
+    /// `idem_log_lines_dropped_total{sink}` (a writer drops rather than make
+    /// a request wait when its queue is full).
+    pub fn watch_log_drops(&self, sink: &'static str, dropped: ErrorCounter) {
+        let key = Key::from_parts("idem_log_lines_dropped_total", labels(&[("sink", sink)]));
+        let counter = self.recorder.register_counter(&key, &self.meta());
+        counter.absolute(dropped.dropped_lines() as u64);
+        if let Ok(mut watched) = self.log_drops.lock() {
+            watched.push((counter, dropped));
+        }
     }
 
     fn tenant(&self, tenant: &str) -> Option<&Arc<TenantStats>> {
@@ -621,5 +647,60 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("idem_redis_errors_total 2"), "{text}");
+    }
+
+    /// A writer that takes nothing until `release` is dropped: its log
+    /// thread blocks on the first line, the queue behind it fills.
+    struct Stuck {
+        release: std::sync::mpsc::Receiver<()>,
+    }
+
+    impl std::io::Write for Stuck {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let _ = self.release.recv();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_log_writers_dropped_lines_reach_prometheus_at_each_scrape() {
+        use std::io::Write;
+        let c = Config::from_toml_str(
+            "[[providers]]\nname=\"p\"\nkind=\"mock\"\n[[routes]]\nmodel=\"m\"\ntargets=[{provider=\"p\",model=\"x\"}]\n",
+            Source::Embedded,
+            false,
+        )
+        .unwrap();
+        let m = Metrics::new(&c);
+        let (hold, release) = std::sync::mpsc::channel::<()>();
+        let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(1)
+            .finish(Stuck { release });
+        m.watch_log_drops("file", writer.error_counter());
+        assert!(
+            m.render()
+                .contains("idem_log_lines_dropped_total{sink=\"file\"} 0"),
+            "watched from zero"
+        );
+        // One line in the writer's hands at most, one in the queue: of
+        // five, at least three are dropped.
+        for i in 0..5 {
+            let _ = writer.clone().write_all(format!("line {i}\n").as_bytes());
+        }
+        let dropped = writer.error_counter().dropped_lines();
+        assert!(dropped >= 3, "{dropped}");
+        let text = m.render();
+        assert!(
+            text.contains(&format!(
+                "idem_log_lines_dropped_total{{sink=\"file\"}} {dropped}"
+            )),
+            "{text}"
+        );
+        drop(hold);
+        drop(guard);
     }
 }

@@ -19,15 +19,19 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
-use tracing_appender::non_blocking::{NonBlocking, NonBlockingBuilder, WorkerGuard};
+use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuilder, WorkerGuard};
 
 use crate::answer::Answer;
 use crate::config::LogConfig;
 use crate::fingerprint::Fingerprint;
 
-/// Lines the file writer may hold before it drops new ones rather than
-/// make a request wait for the disk.
-const BUFFERED_LINES: usize = 128_000;
+/// Lines a log writer (this file writer, and the process log on stdout)
+/// may hold before it drops new ones rather than make a request wait for
+/// the disk or the pipe. Dropped lines are counted
+/// (`idem_log_lines_dropped_total`). The queue is allocated, and its slots
+/// written, up front: 32 bytes a line, 1 MiB here (the writer library's
+/// default, 128,000 lines, kept 4 MiB resident in every gateway).
+pub const QUEUED_LINES: usize = 32_768;
 
 /// The request log could not be opened at start-up.
 #[derive(Debug, thiserror::Error)]
@@ -90,7 +94,7 @@ impl RequestLog {
                 // buffer only batches bursts into fewer writes.
                 let (writer, guard) = NonBlockingBuilder::default()
                     .lossy(true)
-                    .buffered_lines_limit(BUFFERED_LINES)
+                    .buffered_lines_limit(QUEUED_LINES)
                     .thread_name("idem-request-log")
                     .finish(BufWriter::with_capacity(64 * 1024, file));
                 Sink::File {
@@ -103,6 +107,15 @@ impl RequestLog {
             sink,
             bodies: config.bodies,
         })
+    }
+
+    /// The file writer's count of dropped lines (none for the other sinks:
+    /// stdout lines are counted by the process log's writer).
+    pub fn dropped_lines(&self) -> Option<ErrorCounter> {
+        match &self.sink {
+            Sink::File { writer, .. } => Some(writer.error_counter()),
+            Sink::Off | Sink::Tracing => None,
+        }
     }
 
     /// A log that writes nothing.

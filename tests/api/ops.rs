@@ -93,3 +93,46 @@ async fn the_dashboard_and_the_alerts_name_only_exported_metrics() {
     }
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_served_gateway_reports_the_lines_its_log_writers_drop() {
+    // Both writers: the process log on stdout and a request log file.
+    let mocks = start_mocks(&Spec::default()).await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let config = dir.join("idem.toml");
+    std::fs::write(
+        &config,
+        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
+    )
+    .unwrap();
+    let requests = dir.join("requests.jsonl");
+    let requests = requests.to_str().unwrap();
+    let proc = Proc::start(&config, &[("IDEM_LOG__REQUESTS", requests)]).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", proc.base))
+        .bearer_auth(ACME)
+        .json(&chat_body("a line for the file"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = client()
+        .get(format!("{}/metrics", proc.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for sink in ["stdout", "file"] {
+        assert!(
+            text.contains(&format!(
+                "idem_log_lines_dropped_total{{sink=\"{sink}\"}} 0"
+            )),
+            "{sink}: {text}"
+        );
+    }
+    drop(proc);
+    let _ = std::fs::remove_dir_all(&dir);
+}
