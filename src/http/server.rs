@@ -29,29 +29,36 @@
 //! A connection that has sent nothing yet costs only its task: hyper (and
 //! its buffers) start at the first bytes, which also tell the two protocols
 //! apart. A connection silent for as long as a request head may take is
-//! closed.
+//! closed, and so is an HTTP/2 connection with no stream in progress for
+//! that long (with a GOAWAY, so that a request crossing it is retried
+//! safely): an HTTP/1.1 keep-alive connection gets the same treatment from
+//! the head timeout.
 
 use std::future::Future;
 use std::io;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use metrics::Gauge;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use crate::metrics::ConnectionGauges;
 
 /// How long a client may take to send a request head (or, on a new
-/// connection, its first bytes).
+/// connection, its first bytes), and how long an HTTP/2 connection may stay
+/// without a stream in progress.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests one HTTP/2 connection may have in progress at once (hyper's
 /// default; a client with more opens more connections).
@@ -80,8 +87,9 @@ pub async fn serve(
     serve_with(listener, router, connections, shutdown, HEADER_READ_TIMEOUT).await;
 }
 
-/// [`serve`] with another bound on a new connection's first bytes and on
-/// a request head (the tests' way to see it work without waiting 30 s).
+/// [`serve`] with another bound on a new connection's first bytes, on a
+/// request head and on an idle HTTP/2 connection (the tests' way to see it
+/// work without waiting 30 s).
 async fn serve_with(
     listener: TcpListener,
     router: Router,
@@ -101,10 +109,11 @@ async fn serve_with(
     let builders = Arc::new((h1, h2));
     // Turn every route into its final form once, not per request.
     let router: Router = router.with_state(());
-    let graceful = GracefulShutdown::new();
-    // Tells connections still waiting for their first bytes to close.
+    // Every connection's task, waited for after the listener closes.
+    let tasks = TaskTracker::new();
+    // Tells connections to finish the request they serve and close.
     let closing = CancellationToken::new();
-    let mut shutdown = std::pin::pin!(shutdown);
+    let mut shutdown = pin!(shutdown);
     loop {
         let tcp = tokio::select! {
             () = &mut shutdown => break,
@@ -128,9 +137,9 @@ async fn serve_with(
             .clone()
             .map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
         let builders = Arc::clone(&builders);
-        let (watcher, closing) = (graceful.watcher(), closing.clone());
+        let closing = closing.clone();
         let connections = connections.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             // hyper gives an HTTP/1.1 connection its 8 KiB read buffer at
             // once: wait for the first bytes (or the end) so that open idle
             // connections cost next to nothing.
@@ -145,13 +154,32 @@ async fn serve_with(
                 Protocol::Http1 => connections.http1,
                 Protocol::Http2 => connections.http2,
             });
-            let (io, service) = (TokioIo::new(tcp), TowerToHyperService::new(service));
+            let io = TokioIo::new(tcp);
             let (h1, h2) = &*builders;
             let ended = match protocol {
-                Protocol::Http1 => watcher.watch(h1.serve_connection(io, service)).await,
+                Protocol::Http1 => {
+                    let conn = pin!(h1.serve_connection(io, TowerToHyperService::new(service)));
+                    until_closed(
+                        conn,
+                        http1::Connection::graceful_shutdown,
+                        closing.cancelled(),
+                    )
+                    .await
+                }
                 // Boxed: an HTTP/2 connection is larger than an HTTP/1.1
                 // one, and few connections are HTTP/2.
-                Protocol::Http2 => Box::pin(watcher.watch(h2.serve_connection(io, service))).await,
+                Protocol::Http2 => {
+                    let streams = Arc::new(watch::Sender::new(0usize));
+                    let service = TowerToHyperService::new(counted(service, Arc::clone(&streams)));
+                    let conn = Box::pin(h2.serve_connection(io, service));
+                    let stop = async {
+                        tokio::select! {
+                            () = closing.cancelled() => {}
+                            () = idle(&streams, header_read_timeout) => {}
+                        }
+                    };
+                    until_closed(conn, http2::Connection::graceful_shutdown, stop).await
+                }
             };
             if let Err(err) = ended {
                 tracing::trace!(%err, "connection ended with an error");
@@ -160,7 +188,93 @@ async fn serve_with(
     }
     drop(listener);
     closing.cancel();
-    graceful.shutdown().await;
+    tasks.close();
+    tasks.wait().await;
+}
+
+/// Drives a connection to its end; once `stop` resolves, asks it to finish
+/// gracefully (the requests in progress are answered, then it closes; an
+/// HTTP/2 peer gets a GOAWAY).
+async fn until_closed<C, T>(
+    mut conn: Pin<C>,
+    graceful_shutdown: impl FnOnce(Pin<&mut T>),
+    stop: impl Future<Output = ()>,
+) -> T::Output
+where
+    C: std::ops::DerefMut<Target = T>,
+    T: Future + ?Sized,
+{
+    tokio::select! {
+        ended = conn.as_mut() => return ended,
+        () = stop => graceful_shutdown(conn.as_mut()),
+    }
+    conn.await
+}
+
+/// The service of one HTTP/2 connection, counting its streams in progress
+/// in `streams`: from the request until its answer's body is dropped (sent
+/// in full, or the stream reset), so that a long answer still streaming
+/// keeps the connection busy.
+fn counted<S>(
+    service: S,
+    streams: Arc<watch::Sender<usize>>,
+) -> impl tower::Service<
+    hyper::Request<Incoming>,
+    Response = axum::response::Response,
+    Error = S::Error,
+    Future = impl Future<Output = Result<axum::response::Response, S::Error>> + Send,
+> + Clone
++ Send
+where
+    S: tower::Service<
+            hyper::Request<Incoming>,
+            Response = axum::response::Response,
+            Future: Send + 'static,
+        > + Clone
+        + Send,
+{
+    service.map_future(move |answer| {
+        let stream = Stream::open(&streams);
+        async move {
+            let resp = answer.await?;
+            Ok(resp.map(|body| {
+                Body::new(body.map_frame(move |frame| {
+                    let _open = &stream;
+                    frame
+                }))
+            }))
+        }
+    })
+}
+
+/// One HTTP/2 stream in progress, until dropped.
+struct Stream(Arc<watch::Sender<usize>>);
+
+impl Stream {
+    fn open(streams: &Arc<watch::Sender<usize>>) -> Stream {
+        streams.send_modify(|n| *n += 1);
+        Stream(Arc::clone(streams))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// Resolves once a connection has had no stream in progress for `limit`.
+async fn idle(streams: &watch::Sender<usize>, limit: Duration) {
+    let mut open = streams.subscribe();
+    loop {
+        let busy = *open.borrow_and_update() > 0;
+        if busy {
+            // The sender lives as long as the connection: no error here.
+            let _ = open.changed().await;
+        } else if tokio::time::timeout(limit, open.changed()).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// One open connection on its protocol's gauge, until dropped (however the
@@ -356,5 +470,123 @@ mod tests {
         let (client, server) = pair().await;
         drop(client);
         assert_eq!(sniff(&server).await.unwrap(), None);
+    }
+
+    /// An HTTP/2 connection (prior knowledge) to `addr`, driven by a task
+    /// that ends when the connection does.
+    async fn h2_connect(
+        addr: std::net::SocketAddr,
+    ) -> (
+        hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+        tokio::task::JoinHandle<hyper::Result<()>>,
+    ) {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        (sender, tokio::spawn(conn))
+    }
+
+    fn get(path: &str) -> hyper::Request<http_body_util::Full<bytes::Bytes>> {
+        hyper::Request::get(format!("http://idem{path}"))
+            .body(http_body_util::Full::default())
+            .unwrap()
+    }
+
+    /// How long a connection's task took to end from now (it must end).
+    async fn ends_in(conn: tokio::task::JoinHandle<hyper::Result<()>>) -> Duration {
+        let started = std::time::Instant::now();
+        tokio::time::timeout(PATIENCE, conn)
+            .await
+            .expect("the connection was not closed")
+            .unwrap()
+            .expect("the connection ended with an error, not a GOAWAY");
+        started.elapsed()
+    }
+
+    /// An HTTP/2 connection is closed (GOAWAY) once it has had no stream
+    /// in progress for the limit, and not while a request waits for its
+    /// answer or an answer's body is still being sent.
+    #[tokio::test]
+    async fn an_idle_http2_connection_is_closed_and_a_busy_one_is_not() {
+        const LIMIT: Duration = Duration::from_millis(300);
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let slow = {
+            let gate = Arc::clone(&gate);
+            move || async move {
+                // The answer's head waits for the gate, then its body waits
+                // for it again between two chunks.
+                gate.notified().await;
+                let chunks = futures_util::stream::unfold(0, move |step| {
+                    let gate = Arc::clone(&gate);
+                    async move {
+                        match step {
+                            0 => Some((Ok::<_, io::Error>("a"), 1)),
+                            1 => {
+                                gate.notified().await;
+                                Some((Ok("b"), 2))
+                            }
+                            _ => None,
+                        }
+                    }
+                });
+                Body::from_stream(chunks)
+            }
+        };
+        let router = Router::new()
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route("/slow", axum::routing::get(slow));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(
+            listener,
+            router,
+            ConnectionGauges::noop(),
+            async move {
+                let _ = stopped.await;
+            },
+            LIMIT,
+        ));
+
+        // Served, then idle: closed after the limit, not before.
+        let (mut sender, conn) = h2_connect(addr).await;
+        let r = sender.send_request(get("/healthz")).await.unwrap();
+        assert_eq!(r.status(), 200);
+        let took = ends_in(conn).await;
+        assert!(took >= LIMIT / 2, "closed after {took:?}, before its time");
+
+        // Busy: a request waiting for its answer, then a body in progress.
+        let (sender, conn) = h2_connect(addr).await;
+        // A clone sends: the client's end of the connection stays open as
+        // long as one `SendRequest` lives.
+        let mut sending = sender.clone();
+        let answer = tokio::spawn(async move { sending.send_request(get("/slow")).await });
+        tokio::time::sleep(LIMIT * 3).await;
+        assert!(!conn.is_finished(), "closed while a request waited");
+        gate.notify_one();
+        let mut body = answer.await.unwrap().unwrap().into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"a");
+        tokio::time::sleep(LIMIT * 3).await;
+        assert!(!conn.is_finished(), "closed while an answer was being sent");
+        gate.notify_one();
+        let rest = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&rest[..], b"b");
+        let took = ends_in(conn).await;
+        drop(sender);
+        // Closed at once would mean the idle clock ran (and a GOAWAY went
+        // out) while the request or its answer was in progress.
+        assert!(
+            took >= LIMIT / 2,
+            "closed {took:?} after the answer ended: counted idle while busy"
+        );
+
+        let _ = stop.send(());
+        tokio::time::timeout(PATIENCE, server)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }
