@@ -62,19 +62,20 @@ pub fn init_logging_with(format: &str, requests: bool) -> LogGuard {
         .thread_name("idem-log")
         .finish(BufWriter::with_capacity(64 * 1024, std::io::stdout()));
     let dropped = writer.error_counter();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_span_events(FmtSpan::NONE)
-        .with_ansi(std::io::stdout().is_terminal())
-        .with_writer(writer);
     let installed = if format == "json" {
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init()
+        let installed = json_subscriber(filter, writer.clone()).try_init();
+        if installed.is_ok() {
+            crate::reqlog::write_json_lines_to(writer);
+        }
+        installed
     } else {
-        builder.compact().try_init()
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_span_events(FmtSpan::NONE)
+            .with_ansi(std::io::stdout().is_terminal())
+            .with_writer(writer)
+            .compact()
+            .try_init()
     };
     // Only the first subscriber installed in a process keeps its writer.
     match installed {
@@ -87,6 +88,31 @@ pub fn init_logging_with(format: &str, requests: bool) -> LogGuard {
             dropped: None,
         },
     }
+}
+
+/// The JSON process log: one object per event, its fields flattened
+/// beside `timestamp`, `level` and `target`. Request lines take a shorter
+/// way to the same writer in the same form
+/// ([`crate::reqlog::write_json_lines_to`]); a test holds the two to it.
+pub fn json_subscriber<W>(
+    filter: EnvFilter,
+    writer: W,
+) -> tracing_subscriber::fmt::SubscriberBuilder<
+    tracing_subscriber::fmt::format::JsonFields,
+    tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Json>,
+    EnvFilter,
+    W,
+>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_span_events(FmtSpan::NONE)
+        .with_writer(writer)
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
 }
 
 /// `idem serve`.
@@ -223,4 +249,86 @@ fn routes_text(r: &serde_json::Value) -> String {
         out.push_str(&format!("  [{}] {name:<32} {role}{state}\n", t["index"]));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant, SystemTime};
+
+    use serde_json::{Map, Value};
+
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::reqlog::{Entry, Line};
+
+    /// A writer into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn object(bytes: &[u8]) -> Map<String, Value> {
+        match serde_json::from_slice(bytes).unwrap() {
+            Value::Object(m) => m,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    /// The request lines written straight to stdout are what the JSON
+    /// formatter would have written for their event: the same keys in the
+    /// same order, the same values, the timestamp aside.
+    #[test]
+    fn a_request_line_written_directly_is_the_formatters_line() {
+        let captured = Captured::default();
+        let dispatch = tracing::Dispatch::new(
+            json_subscriber(EnvFilter::new("info"), {
+                let c = captured.clone();
+                move || c.clone()
+            })
+            .finish(),
+        );
+        let fp = Fingerprint::from_bytes([9; 32]);
+        let chat = Entry::new("acme", "bot", &fp, "follower", 200, Instant::now());
+        let mut job = Entry::new(
+            "acme \"quoted\"\n",
+            "bot",
+            &fp,
+            "created",
+            201,
+            Instant::now(),
+        )
+        .job("01J-job", Some(2));
+        job.latency = Duration::from_micros(12_345);
+        for entry in [chat, job] {
+            captured.0.lock().unwrap().clear();
+            let line = Line::new(&entry, false);
+            tracing::dispatcher::with_default(&dispatch, || crate::reqlog::event(&line));
+            let formatted = captured.0.lock().unwrap().clone();
+            let direct = crate::reqlog::json_event(&line, SystemTime::now()).unwrap();
+            assert!(direct.ends_with(b"}\n"));
+            let (mut f, mut d) = (object(&formatted), object(&direct));
+            for o in [&mut f, &mut d] {
+                let t = o.get_mut("timestamp").expect("a timestamp");
+                assert!(
+                    t.as_str()
+                        .is_some_and(|t| t.len() == 27 && t.ends_with('Z')),
+                    "{t}"
+                );
+                *t = Value::Null;
+            }
+            let keys = |o: &Map<String, Value>| o.keys().cloned().collect::<Vec<_>>();
+            assert_eq!(keys(&d), keys(&f));
+            assert_eq!(d, f);
+        }
+    }
 }

@@ -15,6 +15,7 @@
 
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
@@ -32,6 +33,24 @@ use crate::fingerprint::Fingerprint;
 /// written, up front: 32 bytes a line, 1 MiB here (the writer library's
 /// default, 128,000 lines, kept 4 MiB resident in every gateway).
 pub const QUEUED_LINES: usize = 32_768;
+
+/// The `target` of request lines in the process log.
+pub const TARGET: &str = "idem::request";
+
+/// The process log's writer, when it writes JSON to stdout (set once, by
+/// the logging set-up).
+static JSON_STDOUT: OnceLock<NonBlocking> = OnceLock::new();
+
+/// Sends request lines for stdout straight to the JSON process log's
+/// `writer`, already in the form its formatter gives an event (`timestamp`,
+/// `level`, the fields, `target`): serializing [`Line`] once costs a
+/// fraction of the formatter's visit of each field, which was about 10 us
+/// of a request's 70 us of CPU through the gateway. `IDEM_LOG` still
+/// decides whether they are written. Lines with `messages` still go through
+/// the formatter (it writes them as a string of JSON).
+pub fn write_json_lines_to(writer: NonBlocking) {
+    let _ = JSON_STDOUT.set(writer);
+}
 
 /// The request log could not be opened at start-up.
 #[derive(Debug, thiserror::Error)]
@@ -131,7 +150,20 @@ impl RequestLog {
     pub fn write(&self, entry: &Entry<'_>) {
         match &self.sink {
             Sink::Off => {}
-            Sink::Tracing => self.to_tracing(entry),
+            Sink::Tracing => {
+                let line = Line::new(entry, self.bodies);
+                match JSON_STDOUT.get() {
+                    Some(out) if line.messages.is_none() => {
+                        if tracing::enabled!(target: TARGET, tracing::Level::INFO)
+                            && let Some(bytes) = json_event(&line, SystemTime::now())
+                        {
+                            // One write call is one queued message.
+                            let _ = out.clone().write_all(&bytes);
+                        }
+                    }
+                    _ => event(&line),
+                }
+            }
             Sink::File { writer, .. } => {
                 let line = Line::new(entry, self.bodies);
                 let mut bytes = Vec::with_capacity(320);
@@ -144,29 +176,48 @@ impl RequestLog {
             }
         }
     }
+}
 
-    fn to_tracing(&self, entry: &Entry<'_>) {
-        let line = Line::new(entry, self.bodies);
-        let messages = line
-            .messages
-            .map(|m| serde_json::to_string(m).unwrap_or_default());
-        tracing::info!(
-            target: "idem::request",
-            time = %line.time,
-            tenant = line.tenant,
-            route = line.route,
-            fingerprint = %line.fingerprint,
-            outcome = line.outcome,
-            job = line.job,
-            attempt = line.attempt,
-            status = line.status,
-            latency_ms = line.latency_ms,
-            upstream_ms = line.upstream_ms,
-            prompt_tokens = line.prompt_tokens,
-            completion_tokens = line.completion_tokens,
-            messages = messages.as_deref(),
-        );
-    }
+/// A request line as a `tracing` event of target [`TARGET`].
+pub fn event(line: &Line<'_>) {
+    let messages = line
+        .messages
+        .map(|m| serde_json::to_string(m).unwrap_or_default());
+    tracing::info!(
+        target: TARGET,
+        time = %line.time,
+        tenant = line.tenant,
+        route = line.route,
+        fingerprint = %line.fingerprint,
+        outcome = line.outcome,
+        job = line.job,
+        attempt = line.attempt,
+        status = line.status,
+        latency_ms = line.latency_ms,
+        upstream_ms = line.upstream_ms,
+        prompt_tokens = line.prompt_tokens,
+        completion_tokens = line.completion_tokens,
+        messages = messages.as_deref(),
+    );
+}
+
+/// A request line (without `messages`) as the JSON process log writes the
+/// event [`event`] makes: `timestamp` (when it is written, microseconds),
+/// `level`, the line's fields, `target`; newline-terminated.
+pub fn json_event(line: &Line<'_>, now: SystemTime) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(448);
+    out.extend_from_slice(b"{\"timestamp\":\"");
+    let _ = write!(out, "{}", humantime::format_rfc3339_micros(now));
+    out.extend_from_slice(b"\",\"level\":\"INFO\",");
+    let fields = out.len();
+    serde_json::to_writer(&mut out, line).ok()?;
+    // The line's own braces go: its fields sit between level and target.
+    out.remove(fields);
+    out.pop();
+    out.extend_from_slice(b",\"target\":\"");
+    out.extend_from_slice(TARGET.as_bytes());
+    out.extend_from_slice(b"\"}\n");
+    Some(out)
 }
 
 /// What one request did, as its handler knows it. Build it with
