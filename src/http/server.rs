@@ -412,16 +412,18 @@ mod tests {
         )
     }
 
-    /// Slow-loris defences: a connection that sends nothing, one that sends
-    /// half a request head, and an idle keep-alive one are each closed once
-    /// the head timeout has passed (and not before), while a request that
-    /// arrives in time is served.
-    #[tokio::test]
-    async fn silent_slow_and_idle_connections_are_closed_after_the_head_timeout() {
-        const LIMIT: Duration = Duration::from_millis(300);
+    /// Serves `router` on a free port with `limit` as the head and idle
+    /// timeout; sending on the returned channel shuts it down.
+    async fn start(
+        router: Router,
+        limit: Duration,
+    ) -> (
+        std::net::SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve_with(
             listener,
@@ -430,8 +432,20 @@ mod tests {
             async move {
                 let _ = stopped.await;
             },
-            LIMIT,
+            limit,
         ));
+        (addr, stop, server)
+    }
+
+    /// Slow-loris defences: a connection that sends nothing, one that sends
+    /// half a request head, and an idle keep-alive one are each closed once
+    /// the head timeout has passed (and not before), while a request that
+    /// arrives in time is served.
+    #[tokio::test]
+    async fn silent_slow_and_idle_connections_are_closed_after_the_head_timeout() {
+        const LIMIT: Duration = Duration::from_millis(300);
+        let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let (addr, stop, server) = start(router, LIMIT).await;
 
         let silent = TcpStream::connect(addr).await.unwrap();
         let mut slow = TcpStream::connect(addr).await.unwrap();
@@ -537,18 +551,7 @@ mod tests {
         let router = Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/slow", axum::routing::get(slow));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve_with(
-            listener,
-            router,
-            ConnectionGauges::noop(),
-            async move {
-                let _ = stopped.await;
-            },
-            LIMIT,
-        ));
+        let (addr, stop, server) = start(router, LIMIT).await;
 
         // Served, then idle: closed after the limit, not before.
         let (mut sender, conn) = h2_connect(addr).await;
