@@ -127,7 +127,7 @@ pub async fn serve(config: Option<&Path>) -> anyhow::Result<()> {
 }
 
 /// `idem check`: validates a config (and its contracts) and prints its
-/// routes.
+/// routes; warns about provider keys this environment lacks.
 pub fn check(config: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     crate::contracts::load_all(&config)?;
@@ -139,6 +139,9 @@ pub fn check(config: Option<&Path>) -> anyhow::Result<()> {
             .map(|t| format!("{}/{}", t.provider, t.model))
             .collect();
         println!("  route {:<24} -> {}", route.model, targets.join(", "));
+    }
+    for problem in crate::providers::key_problems(&config) {
+        eprintln!("warning: {problem}: `idem serve` would not start in this environment");
     }
     Ok(())
 }

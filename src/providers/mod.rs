@@ -134,28 +134,42 @@ pub enum ProviderError {
     BaseUrl { provider: String, reason: String },
 }
 
+/// A provider's key, from the environment variable its `api_key_env`
+/// names (none without one).
+fn read_key(config: &ProviderConfig) -> Result<Option<SecretString>, ProviderError> {
+    let Some(var) = &config.api_key_env else {
+        return Ok(None);
+    };
+    match std::env::var(var) {
+        // A key an HTTP header cannot carry would fail every call after it
+        // was counted as sent: refuse it here.
+        Ok(v) if !v.is_empty() && !can_be_bearer(&v) => Err(ProviderError::UnsendableKey {
+            provider: config.name.clone(),
+            var: var.clone(),
+        }),
+        Ok(v) if !v.is_empty() => Ok(Some(SecretString::from(v))),
+        _ => Err(ProviderError::MissingKey {
+            provider: config.name.clone(),
+            var: var.clone(),
+        }),
+    }
+}
+
+/// The provider keys this environment lacks, or has in a form no HTTP
+/// header can carry: each would stop `idem serve` here. (`idem check`
+/// reports them without failing: a config is often checked where the
+/// secrets are not.)
+pub fn key_problems(config: &Config) -> Vec<ProviderError> {
+    config
+        .providers
+        .iter()
+        .filter_map(|p| read_key(p).err())
+        .collect()
+}
+
 impl Provider {
     pub fn new(config: &ProviderConfig) -> Result<Provider, ProviderError> {
-        let api_key = match &config.api_key_env {
-            Some(var) => match std::env::var(var) {
-                // A key an HTTP header cannot carry would fail every call
-                // after it was counted as sent: refuse it here.
-                Ok(v) if !v.is_empty() && !can_be_bearer(&v) => {
-                    return Err(ProviderError::UnsendableKey {
-                        provider: config.name.clone(),
-                        var: var.clone(),
-                    });
-                }
-                Ok(v) if !v.is_empty() => Some(SecretString::from(v)),
-                _ => {
-                    return Err(ProviderError::MissingKey {
-                        provider: config.name.clone(),
-                        var: var.clone(),
-                    });
-                }
-            },
-            None => None,
-        };
+        let api_key = read_key(config)?;
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(config.pool_max_idle)
             .pool_idle_timeout(Duration::from_secs(90))

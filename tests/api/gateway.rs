@@ -457,6 +457,45 @@ async fn config_errors_name_the_file_and_the_key() {
 }
 
 #[tokio::test]
+async fn check_warns_about_provider_keys_this_environment_lacks() {
+    let dir = temp_dir();
+    let config = dir.join("idem.toml");
+    std::fs::write(
+        &config,
+        "[[providers]]\nname = \"openai\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\napi_key_env = \"IDEM_TEST_CHECK_KEY\"\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"openai\", model = \"x\" }]\n",
+    )
+    .unwrap();
+    let check = |key: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.args(["check", "--config"])
+            .arg(&config)
+            .env_remove("IDEM_CONFIG")
+            .env_remove("IDEM_TEST_CHECK_KEY");
+        if let Some(k) = key {
+            cmd.env("IDEM_TEST_CHECK_KEY", k);
+        }
+        let out = cmd.output().unwrap();
+        // The config itself is fine whatever the environment holds.
+        assert!(out.status.success(), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains(": ok"));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for (key, why) in [
+        (None, "is not set"),
+        (Some("sk-check-secret\r\n"), "cannot carry"),
+    ] {
+        let err = check(key);
+        assert!(err.contains("IDEM_TEST_CHECK_KEY"), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert!(err.contains("would not start"), "{err}");
+        assert!(!err.contains("sk-check-secret"), "key printed: {err}");
+    }
+    let err = check(Some("sk-check-secret"));
+    assert!(!err.contains("warning"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn a_tenant_over_its_rate_limit_gets_429_with_retry_after_and_others_do_not() {
     let app = TestApp::with(Spec {
         acme: "rate_limit = { requests_per_second = 0.5, burst = 3 }\nmax_body_bytes = 2048\n"
