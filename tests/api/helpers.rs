@@ -301,14 +301,7 @@ impl TestApp {
     }
 
     pub async fn metrics(&self) -> String {
-        self.client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        get_text(&self.client, self.url("/metrics")).await
     }
 
     /// Upstream calls the primary mock has seen.
@@ -551,6 +544,11 @@ pub async fn wave(
         .collect()
 }
 
+/// The body of `GET url`, as text.
+pub async fn get_text(client: &reqwest::Client, url: String) -> String {
+    client.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 pub async fn collect<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
     let mut out = Vec::with_capacity(tasks.len());
     for t in tasks {
@@ -648,6 +646,11 @@ impl Proc {
 
     pub fn pid(&self) -> u32 {
         self.child.id().unwrap()
+    }
+
+    /// Its `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        get_text(&client(), format!("{}/metrics", self.base)).await
     }
 
     /// Sends a signal with the `kill` command (no unsafe code in tests).

@@ -54,7 +54,8 @@ async fn the_dashboard_and_the_alerts_name_only_exported_metrics() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let exported: BTreeSet<String> = metrics_of(&proc)
+    let exported: BTreeSet<String> = proc
+        .metrics()
         .await
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -101,18 +102,6 @@ async fn the_dashboard_and_the_alerts_name_only_exported_metrics() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The `/metrics` text of a gateway process.
-async fn metrics_of(proc: &Proc) -> String {
-    client()
-        .get(format!("{}/metrics", proc.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_served_gateway_reports_the_lines_its_log_writers_drop() {
     // Both writers: the process log on stdout and a request log file.
@@ -136,7 +125,7 @@ async fn a_served_gateway_reports_the_lines_its_log_writers_drop() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let text = metrics_of(&proc).await;
+    let text = proc.metrics().await;
     for sink in ["stdout", "file"] {
         assert!(
             text.contains(&format!(

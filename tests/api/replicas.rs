@@ -316,15 +316,7 @@ async fn a_redis_outage_degrades_to_local_coalescing_and_recovers() {
     let errors: u64 = {
         let mut n = 0;
         for i in 0..3 {
-            let m = c
-                .client
-                .get(format!("{}/metrics", c.base(i)))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let m = get_text(&c.client, format!("{}/metrics", c.base(i))).await;
             n += m
                 .lines()
                 .find(|l| l.starts_with("idem_redis_errors_total "))
