@@ -633,6 +633,15 @@ impl Proc {
     /// SQLite, both in a fresh temporary folder (the config is its
     /// `idem.toml`), which the caller removes.
     pub async fn start_default(mocks: &Mocks) -> (Proc, PathBuf) {
+        Proc::start_default_with(mocks, |_| Vec::new()).await
+    }
+
+    /// [`Proc::start_default`] with environment overrides, chosen knowing
+    /// the temporary folder (for paths inside it).
+    pub async fn start_default_with(
+        mocks: &Mocks,
+        envs: impl FnOnce(&Path) -> Vec<(&'static str, String)>,
+    ) -> (Proc, PathBuf) {
         let dir = temp_dir();
         let db = format!("sqlite://{}", dir.join("idem.db").display());
         let config = dir.join("idem.toml");
@@ -641,7 +650,9 @@ impl Proc {
             config_text(&Spec::default(), mocks, &db, "127.0.0.1:0"),
         )
         .unwrap();
-        (Proc::start(&config, &[]).await, dir)
+        let envs = envs(&dir);
+        let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        (Proc::start(&config, &envs).await, dir)
     }
 
     pub fn pid(&self) -> u32 {

@@ -106,17 +106,11 @@ async fn the_dashboard_and_the_alerts_name_only_exported_metrics() {
 async fn a_served_gateway_reports_the_lines_its_log_writers_drop() {
     // Both writers: the process log on stdout and a request log file.
     let mocks = start_mocks(&Spec::default()).await;
-    let dir = temp_dir();
-    let db = format!("sqlite://{}", dir.join("idem.db").display());
-    let config = dir.join("idem.toml");
-    std::fs::write(
-        &config,
-        config_text(&Spec::default(), &mocks, &db, "127.0.0.1:0"),
-    )
-    .unwrap();
-    let requests = dir.join("requests.jsonl");
-    let requests = requests.to_str().unwrap();
-    let proc = Proc::start(&config, &[("IDEM_LOG__REQUESTS", requests)]).await;
+    let (proc, dir) = Proc::start_default_with(&mocks, |dir| {
+        let requests = dir.join("requests.jsonl");
+        vec![("IDEM_LOG__REQUESTS", requests.display().to_string())]
+    })
+    .await;
     let r = client()
         .post(format!("{}/v1/chat/completions", proc.base))
         .bearer_auth(ACME)
