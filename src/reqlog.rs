@@ -148,6 +148,12 @@ impl RequestLog {
 
     /// Writes one request's line. Never blocks on I/O: the file writer
     /// queues the line (and drops it if its queue is full).
+    /// True when lines carry the request's messages (`log.bodies`), so a
+    /// line's entry needs the parsed body.
+    pub fn records_bodies(&self) -> bool {
+        self.bodies && !matches!(self.sink, Sink::Off)
+    }
+
     pub fn write(&self, entry: &Entry<'_>) {
         match &self.sink {
             Sink::Off => {}
@@ -285,6 +291,11 @@ impl<'a> Entry<'a> {
 
     pub fn body(mut self, body: &'a Map<String, Value>) -> Self {
         self.body = Some(body);
+        self
+    }
+
+    pub fn body_if(mut self, body: Option<&'a Map<String, Value>>) -> Self {
+        self.body = body;
         self
     }
 }

@@ -16,9 +16,10 @@ pub mod leader;
 pub mod redis;
 pub mod table;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use rand::Rng;
 use serde_json::{Map, Value};
 
@@ -94,7 +95,7 @@ pub struct Ask<'a> {
     pub fp: Fingerprint,
     /// The client's request body (the leader sends it with the target's
     /// model).
-    pub body: &'a Arc<Map<String, Value>>,
+    pub body: &'a RequestBody,
     /// Read the result and negative caches (`Cache-Control: no-cache` and
     /// `cache.enabled = false` turn this off).
     pub read_cache: bool,
@@ -112,6 +113,73 @@ pub struct Ask<'a> {
     pub only_target: Option<usize>,
     /// How long a follower may wait; `None`: the route's `max_wait`.
     pub max_wait: Option<Duration>,
+}
+
+/// A request's body as the flights need it: parsed while the request may
+/// lead (the leader sends it upstream). A follower lets its parse go while
+/// it waits when the bytes it arrived in are at hand, and parses them again
+/// only if it has to lead after all (a take-over, a failover): the parse is
+/// about 1 KiB of maps and strings per parked request, while the bytes
+/// stay in the connection's read buffer anyway.
+#[derive(Debug)]
+pub struct RequestBody {
+    parsed: Mutex<Option<Arc<Map<String, Value>>>>,
+    raw: Option<Bytes>,
+}
+
+impl RequestBody {
+    /// A body that stays parsed (no bytes to parse again: a job's request
+    /// read from the store).
+    pub fn kept(parsed: Arc<Map<String, Value>>) -> RequestBody {
+        RequestBody {
+            parsed: Mutex::new(Some(parsed)),
+            raw: None,
+        }
+    }
+
+    /// A body parsed from `raw`, the JSON object it arrived as.
+    pub fn from_bytes(parsed: Arc<Map<String, Value>>, raw: Bytes) -> RequestBody {
+        RequestBody {
+            parsed: Mutex::new(Some(parsed)),
+            raw: Some(raw),
+        }
+    }
+
+    /// The parsed body (parsed again if a follower let it go).
+    pub fn get(&self) -> Result<Arc<Map<String, Value>>, ApiError> {
+        let mut parsed = self.parsed.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(map) = &*parsed {
+            return Ok(map.clone());
+        }
+        // Only a body that has bytes lets its parse go, and those bytes
+        // parsed into an object once already.
+        let map = self
+            .raw
+            .as_deref()
+            .and_then(|raw| serde_json::from_slice::<Map<String, Value>>(raw).ok())
+            .map(Arc::new)
+            .ok_or_else(|| {
+                ApiError::Internal(anyhow::anyhow!("a parked request's body no longer parses"))
+            })?;
+        *parsed = Some(map.clone());
+        Ok(map)
+    }
+
+    /// Lets the parse go if the bytes can give it back (a follower about to
+    /// wait).
+    fn park(&self) {
+        if self.raw.is_some() {
+            *self.parsed.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+    }
+
+    /// True while the body is held parsed.
+    pub fn is_parsed(&self) -> bool {
+        self.parsed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
 }
 
 /// The coalescing layer of one gateway.
@@ -225,9 +293,10 @@ impl Coalescer {
         };
         let lease = ask.route.config.coalesce.lease;
         if !ask.coalesce {
+            let request = ask.body.get()?;
             let ticket = self.table.private(key, lease);
             let flight = ticket.flight.clone();
-            self.spawn_leader(ask, target, ticket);
+            self.spawn_leader(ask, target, &request, ticket);
             return Ok(Delivery {
                 outcome: Outcome::Bypass,
                 source: Source::Live(flight),
@@ -240,8 +309,9 @@ impl Coalescer {
         loop {
             let flight = match self.table.join(key, lease) {
                 Joined::Leader(ticket) => {
+                    let request = ask.body.get()?;
                     let flight = ticket.flight.clone();
-                    self.spawn_leader(ask, target, ticket);
+                    self.spawn_leader(ask, target, &request, ticket);
                     return Ok(Delivery {
                         outcome: Outcome::Leader,
                         source: Source::Live(flight),
@@ -252,6 +322,7 @@ impl Coalescer {
                 }
                 Joined::Follower(flight) => flight,
             };
+            ask.body.park();
             let joined = Instant::now();
             if flight.head(Some(joined + max_wait)).await.is_some() {
                 let waited = joined.elapsed();
@@ -268,10 +339,11 @@ impl Coalescer {
             // re-attacks the provider while the leader's lease is alive.
             match ask.route.config.coalesce.on_wait_timeout {
                 OnWaitTimeout::Lead => {
+                    let request = ask.body.get()?;
                     if let Some(ticket) = self.table.take_over(&flight, lease) {
                         tracing::warn!(route = %ask.route.name, fp = %ask.fp, "leader lease expired; taking over");
                         let flight = ticket.flight.clone();
-                        self.spawn_leader(ask, target, ticket);
+                        self.spawn_leader(ask, target, &request, ticket);
                         return Ok(Delivery {
                             outcome: Outcome::Leader,
                             source: Source::Live(flight),
@@ -310,13 +382,19 @@ impl Coalescer {
         }
     }
 
-    fn spawn_leader(&self, ask: &Ask<'_>, target: &Target, ticket: LeaderTicket) {
+    fn spawn_leader(
+        &self,
+        ask: &Ask<'_>,
+        target: &Target,
+        request: &Map<String, Value>,
+        ticket: LeaderTicket,
+    ) {
         let job = leader::LeaderJob {
             ticket,
             tenant: ask.tenant.clone(),
             route: ask.route.clone(),
             target: target.index,
-            body: ask.route.body_for(target, ask.body),
+            body: ask.route.body_for(target, request),
             fp: ask.fp,
             read_cache: ask.read_cache,
             read_negative: ask.read_negative,
@@ -349,4 +427,129 @@ fn reported(outcome: Outcome, flight: &Flight) -> Outcome {
 fn retry_after_with_jitter(max_wait: Duration) -> u64 {
     let base = max_wait.as_secs_f64().ceil().max(1.0) as u64;
     base + rand::rng().random_range(0..=2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answer::Failure;
+    use crate::config::{Config, Source as ConfigSource};
+    use crate::providers::Providers;
+    use crate::routes::Routes;
+    use std::str::FromStr;
+
+    const PROMPT: &str = "what does a parked follower keep?";
+
+    /// A coalescer and the route `bot` (the in-process mock provider)
+    /// with these `[routes.coalesce]` settings.
+    fn setup(coalesce: &str) -> (Coalescer, Arc<Route>) {
+        let toml = format!(
+            "[[providers]]\nname = \"p\"\nkind = \"mock\"\n\n[[routes]]\nmodel = \"bot\"\n\
+             targets = [{{ provider = \"p\", model = \"m\" }}]\n[routes.coalesce]\n{coalesce}\n"
+        );
+        let config = Config::from_toml_str(&toml, ConfigSource::Embedded, false).unwrap();
+        let metrics = Arc::new(Metrics::new(&config));
+        let providers = Providers::from_config(&config).unwrap();
+        let routes = Routes::from_config(&config, &providers, &metrics).unwrap();
+        let route = routes.get("bot").unwrap().clone();
+        let cache = Arc::new(ResultCache::new(100));
+        (Coalescer::new(cache, metrics), route)
+    }
+
+    fn body() -> RequestBody {
+        let raw = serde_json::to_vec(&serde_json::json!({
+            "model": "bot",
+            "messages": [{"role": "user", "content": PROMPT}],
+        }))
+        .unwrap();
+        let parsed: Map<String, Value> = serde_json::from_slice(&raw).unwrap();
+        RequestBody::from_bytes(Arc::new(parsed), Bytes::from(raw))
+    }
+
+    fn fp() -> Fingerprint {
+        let hex = blake3::hash(PROMPT.as_bytes()).to_hex().to_string();
+        Fingerprint::from_str(&format!("v1:{hex}")).unwrap()
+    }
+
+    fn ask<'a>(tenant: &'a Arc<str>, route: &'a Arc<Route>, body: &'a RequestBody) -> Ask<'a> {
+        Ask {
+            tenant,
+            route,
+            fp: fp(),
+            body,
+            read_cache: true,
+            read_negative: true,
+            write_cache: true,
+            coalesce: true,
+            only_target: None,
+            max_wait: None,
+        }
+    }
+
+    fn success(text: &str) -> Arc<Answer> {
+        let mut a = Answer::from_failure(Failure::Timeout, "x", "p".into(), "m".into());
+        a.failure = None;
+        a.status = reqwest::StatusCode::OK;
+        a.body = Bytes::from(text.to_string());
+        Arc::new(a)
+    }
+
+    #[test]
+    fn a_body_with_bytes_lets_its_parse_go_and_gets_it_back() {
+        let b = body();
+        let before = b.get().unwrap();
+        b.park();
+        assert!(!b.is_parsed());
+        let again = b.get().unwrap();
+        assert_eq!(again, before);
+        assert!(b.is_parsed());
+        // Without bytes, nothing could give the parse back: it stays.
+        let kept = RequestBody::kept(before.clone());
+        kept.park();
+        assert!(kept.is_parsed());
+        assert!(Arc::ptr_eq(&kept.get().unwrap(), &before));
+    }
+
+    #[tokio::test]
+    async fn a_follower_waits_without_its_parse() {
+        let (coalescer, route) = setup("");
+        let tenant: Arc<str> = "acme".into();
+        let key = FlightKey { fp: fp(), target: 0 };
+        let Joined::Leader(ticket) = coalescer.table.join(key, Duration::from_secs(30)) else {
+            panic!("the table had a flight already")
+        };
+        let body = body();
+        let ask = ask(&tenant, &route, &body);
+        let mut following = std::pin::pin!(coalescer.obtain(&ask));
+        // One poll: the request joins the flight and waits.
+        assert!(futures_util::poll!(following.as_mut()).is_pending());
+        assert!(!body.is_parsed(), "a parked follower still holds its parse");
+        ticket.flight.finish(success("shared"));
+        let d = following.await.unwrap();
+        assert_eq!(d.outcome, Outcome::Follower);
+        assert_eq!(d.answer().await.body, "shared");
+        // The request log (with `log.bodies`) gets the body back.
+        assert_eq!(body.get().unwrap()["messages"][0]["content"], PROMPT);
+    }
+
+    #[tokio::test]
+    async fn a_follower_that_takes_over_sends_its_request_parsed_again() {
+        let (coalescer, route) =
+            setup("max_wait = \"50ms\"\non_wait_timeout = \"lead\"");
+        let tenant: Arc<str> = "acme".into();
+        let key = FlightKey { fp: fp(), target: 0 };
+        // A leader that hangs and never renews its (short) lease.
+        let Joined::Leader(_hung) = coalescer.table.join(key, Duration::from_millis(10)) else {
+            panic!("the table had a flight already")
+        };
+        let body = body();
+        let d = coalescer.obtain(&ask(&tenant, &route, &body)).await.unwrap();
+        assert_eq!(d.outcome, Outcome::Leader);
+        let answer = d.answer().await;
+        assert!(answer.is_success(), "{answer:?}");
+        // The mock provider echoes the last user message: the request that
+        // went upstream is this follower's own.
+        let text = String::from_utf8_lossy(&answer.body);
+        assert!(text.contains(PROMPT), "{text}");
+    }
 }

@@ -25,7 +25,7 @@ use super::validate::{self, ChatRequest};
 use super::{AppState, Caller};
 use crate::answer::{Answer, Form};
 use crate::fingerprint::{self, Fingerprint, Rules};
-use crate::flight::{Ask, Delivery, Flight, Source};
+use crate::flight::{Ask, Delivery, Flight, RequestBody, Source};
 use crate::metrics::Outcome;
 use crate::reqlog::Entry;
 use crate::routes::Route;
@@ -47,7 +47,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let tenant = caller.tenant()?;
-    let req = read_chat_request(&app, &headers, body, caller.body_limit(&app)).await?;
+    let (req, raw) = read_chat_request(&app, &headers, body, caller.body_limit(&app)).await?;
     let route = app
         .routes
         .get(&req.model)
@@ -63,12 +63,20 @@ pub async fn chat_completions(
     // Everything needed from the headers is read: a follower may wait long,
     // and its copy of them is of no use while it does.
     drop(headers);
+    let ChatRequest {
+        body,
+        stream,
+        include_usage,
+        ..
+    } = req;
+    // A follower lets the parse go while it waits (see `RequestBody`).
+    let body = RequestBody::from_bytes(body, raw);
     let cfg = &route.config;
     let ask = Ask {
         tenant: &tenant,
         route: &route,
         fp,
-        body: &req.body,
+        body: &body,
         read_cache: cfg.cache.enabled && policy.read,
         read_negative: cfg.cache.enabled && policy.read,
         write_cache: policy.write,
@@ -82,30 +90,33 @@ pub async fn chat_completions(
             let mut resp = e.into_response();
             decorate(resp.headers_mut(), Outcome::Follower, &fp, None);
             let status = resp.status().as_u16();
+            let logged = logged_body(&app, &body);
             app.reqlog.write(
-                &Entry::new(&tenant, &route.name, &fp, "follower", status, started).body(&req.body),
+                &Entry::new(&tenant, &route.name, &fp, "follower", status, started)
+                    .body_if(logged.as_deref()),
             );
             return Ok(resp);
         }
     };
     app.metrics.request(&tenant, &route.name, delivery.outcome);
-    let resp = respond(&delivery, &fp, req.stream, req.include_usage).await;
+    let resp = respond(&delivery, &fp, stream, include_usage).await;
     let outcome = delivery.outcome.as_str();
     let status = resp.status().as_u16();
+    let logged = logged_body(&app, &body);
     match &delivery.source {
         Source::Live(flight) if !flight.is_done() => {
             // A stream still running: its upstream time and token counts are
             // known when it ends, so the line is written then (its latency
             // stays the time to the answer's head).
             let head_latency = started.elapsed();
-            let (app, flight, body) = (app.clone(), flight.clone(), req.body.clone());
+            let (app, flight) = (app.clone(), flight.clone());
             let route_name = route.name.clone();
             app.background.clone().spawn(async move {
                 // Every flight ends: its leader's ticket finishes it on drop.
                 let answer = flight.done(None).await;
                 let mut entry = Entry::new(&tenant, &route_name, &fp, outcome, status, started)
                     .answer(answer.as_deref())
-                    .body(&body);
+                    .body_if(logged.as_deref());
                 entry.latency = head_latency;
                 app.reqlog.write(&entry);
             });
@@ -118,23 +129,36 @@ pub async fn chat_completions(
             app.reqlog.write(
                 &Entry::new(&tenant, &route.name, &fp, outcome, status, started)
                     .answer(answer.as_deref())
-                    .body(&req.body),
+                    .body_if(logged.as_deref()),
             );
         }
     }
     Ok(resp)
 }
 
-/// Reads and validates a chat completion body.
+/// Reads and validates a chat completion body; also returns the bytes it
+/// was parsed from.
 pub async fn read_chat_request(
     app: &AppState,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
-) -> Result<ChatRequest, ApiError> {
+) -> Result<(ChatRequest, Bytes), ApiError> {
     let bytes = validate::read_body(body, content_length(headers), limit).await?;
     let object = validate::parse_object(&bytes, app.limits.max_json_depth)?;
-    validate::chat_request(object, &app.limits)
+    Ok((validate::chat_request(object, &app.limits)?, bytes))
+}
+
+/// The parsed body for the request log when it records messages (a
+/// follower parses its bytes again: it let its parse go while it waited).
+fn logged_body(
+    app: &AppState,
+    body: &RequestBody,
+) -> Option<Arc<serde_json::Map<String, serde_json::Value>>> {
+    if !app.reqlog.records_bodies() {
+        return None;
+    }
+    body.get().ok()
 }
 
 pub fn content_length(headers: &HeaderMap) -> Option<u64> {

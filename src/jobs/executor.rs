@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 use crate::answer::{Answer, Verdict};
 use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
-use crate::flight::{Ask, Source};
+use crate::flight::{Ask, RequestBody, Source};
 use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::routes::Route;
@@ -372,11 +372,12 @@ impl AttemptCtx {
         // answer still counts; the attempt timeout below decides when the
         // attempt becomes unknown, without abandoning the call.
         let late = policy.late_result_window.max(policy.timeout);
+        let body = RequestBody::kept(self.request.clone());
         let ask = Ask {
             tenant: &self.tenant,
             route: &self.route,
             fp: self.fp,
-            body: &self.request,
+            body: &body,
             read_cache: cfg.cache.enabled,
             read_negative: false,
             write_cache: true,
