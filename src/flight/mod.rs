@@ -514,7 +514,10 @@ mod tests {
     async fn a_follower_waits_without_its_parse() {
         let (coalescer, route) = setup("");
         let tenant: Arc<str> = "acme".into();
-        let key = FlightKey { fp: fp(), target: 0 };
+        let key = FlightKey {
+            fp: fp(),
+            target: 0,
+        };
         let Joined::Leader(ticket) = coalescer.table.join(key, Duration::from_secs(30)) else {
             panic!("the table had a flight already")
         };
@@ -534,16 +537,21 @@ mod tests {
 
     #[tokio::test]
     async fn a_follower_that_takes_over_sends_its_request_parsed_again() {
-        let (coalescer, route) =
-            setup("max_wait = \"50ms\"\non_wait_timeout = \"lead\"");
+        let (coalescer, route) = setup("max_wait = \"50ms\"\non_wait_timeout = \"lead\"");
         let tenant: Arc<str> = "acme".into();
-        let key = FlightKey { fp: fp(), target: 0 };
+        let key = FlightKey {
+            fp: fp(),
+            target: 0,
+        };
         // A leader that hangs and never renews its (short) lease.
         let Joined::Leader(_hung) = coalescer.table.join(key, Duration::from_millis(10)) else {
             panic!("the table had a flight already")
         };
         let body = body();
-        let d = coalescer.obtain(&ask(&tenant, &route, &body)).await.unwrap();
+        let d = coalescer
+            .obtain(&ask(&tenant, &route, &body))
+            .await
+            .unwrap();
         assert_eq!(d.outcome, Outcome::Leader);
         let answer = d.answer().await;
         assert!(answer.is_success(), "{answer:?}");
