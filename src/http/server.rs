@@ -159,12 +159,8 @@ async fn serve_with(
             let ended = match protocol {
                 Protocol::Http1 => {
                     let conn = pin!(h1.serve_connection(io, TowerToHyperService::new(service)));
-                    until_closed(
-                        conn,
-                        http1::Connection::graceful_shutdown,
-                        closing.cancelled(),
-                    )
-                    .await
+                    let stop = pin!(closing.cancelled());
+                    until_closed(conn, http1::Connection::graceful_shutdown, stop).await
                 }
                 // Boxed: an HTTP/2 connection is larger than an HTTP/1.1
                 // one, and few connections are HTTP/2.
@@ -172,12 +168,12 @@ async fn serve_with(
                     let streams = Arc::new(watch::Sender::new(0usize));
                     let service = TowerToHyperService::new(counted(service, Arc::clone(&streams)));
                     let conn = Box::pin(h2.serve_connection(io, service));
-                    let stop = async {
+                    let stop = pin!(async {
                         tokio::select! {
                             () = closing.cancelled() => {}
                             () = idle(&streams, header_read_timeout) => {}
                         }
-                    };
+                    });
                     until_closed(conn, http2::Connection::graceful_shutdown, stop).await
                 }
             };
@@ -195,18 +191,23 @@ async fn serve_with(
 /// Drives a connection to its end; once `stop` resolves, asks it to finish
 /// gracefully (the requests in progress are answered, then it closes; an
 /// HTTP/2 peer gets a GOAWAY).
-async fn until_closed<C, T>(
+///
+/// `stop` is pinned by the caller: moved in, it would take its room in the
+/// connection's state twice (the argument's slot, then `select!`'s), and
+/// a connection's task would need 1,152 bytes instead of 1,024.
+async fn until_closed<C, T, S>(
     mut conn: Pin<C>,
     graceful_shutdown: impl FnOnce(Pin<&mut T>),
-    stop: impl Future<Output = ()>,
+    mut stop: Pin<&mut S>,
 ) -> T::Output
 where
     C: std::ops::DerefMut<Target = T>,
     T: Future + ?Sized,
+    S: Future<Output = ()> + ?Sized,
 {
     tokio::select! {
         ended = conn.as_mut() => return ended,
-        () = stop => graceful_shutdown(conn.as_mut()),
+        () = stop.as_mut() => graceful_shutdown(conn.as_mut()),
     }
     conn.await
 }
