@@ -214,13 +214,15 @@ impl Coalescer {
             d.cache_age = Some(age);
             return Ok(d);
         }
-        let targets: Vec<&Target> = match ask.only_target {
-            Some(i) => ask.route.targets.get(i).into_iter().collect(),
-            None => ask.route.targets.iter().collect(),
+        // A job's attempt names its target; otherwise the route's, in order.
+        let (first, end) = match ask.only_target {
+            Some(i) => (i, (i + 1).min(ask.route.targets.len())),
+            None => (0, ask.route.targets.len()),
         };
         let mut last: Option<Delivery> = None;
         let mut skipped = Vec::new();
-        for (pos, target) in targets.iter().enumerate() {
+        for pos in first..end {
+            let target = &ask.route.targets[pos];
             // Failover goes only to certified, healthy targets (a job's
             // attempt names its target, already chosen by the same rule).
             if ask.only_target.is_none()
@@ -251,7 +253,7 @@ impl Coalescer {
                 self.metrics
                     .leader_error_shared(ask.tenant, &ask.route.name);
             }
-            let more = pos + 1 < targets.len();
+            let more = pos + 1 < end;
             let definite =
                 matches!(answer.verdict(), Verdict::Failed(_)) && !answer.is_request_error();
             if more && definite {
