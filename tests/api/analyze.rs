@@ -12,6 +12,7 @@ use idem::analyze::{Options, RawRules, Report, ReportOptions, Wait, analyze_file
 use idem::app::App;
 use idem::config::{Config, Source};
 use idem::fingerprint::Fingerprint;
+use idem::http::AppState;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -222,13 +223,14 @@ fn raw_bodies_without_times_report_time_figures_as_unavailable() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The mocks, the base URL, the stop switch and the serving task.
-type LoggingGateway = (
-    Mocks,
-    String,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-);
+/// A gateway serving in this process with a request log file.
+struct LoggingGateway {
+    mocks: Mocks,
+    base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    state: AppState,
+}
 
 /// A gateway writing its request log to `path`.
 async fn gateway_logging_to(path: &Path, bodies: bool) -> LoggingGateway {
@@ -251,11 +253,18 @@ async fn gateway_logging_with(spec: &Spec, path: &Path, bodies: bool) -> Logging
     assert_eq!(config.log.requests, path.display().to_string());
     let app = App::build(config).await.unwrap();
     let base = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state().clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(app.run(async move {
         let _ = stopped.await;
     }));
-    (mocks, base, stop, task)
+    LoggingGateway {
+        mocks,
+        base,
+        stop,
+        task,
+        state,
+    }
 }
 
 async fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
@@ -274,7 +283,13 @@ async fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
 async fn the_request_log_file_has_one_line_per_request_and_no_secrets() {
     let dir = temp_dir();
     let path = dir.join("requests.jsonl");
-    let (_mocks, base, stop, task) = gateway_logging_to(&path, false).await;
+    let LoggingGateway {
+        mocks: _mocks,
+        base,
+        stop,
+        task,
+        ..
+    } = gateway_logging_to(&path, false).await;
     let c = client();
     let chat = |key: &'static str, body: Value, idem_key: Option<&'static str>| {
         let mut r = c
@@ -422,7 +437,13 @@ async fn a_streamed_answer_is_logged_when_it_ends_with_its_upstream_time_and_tok
     // The stream outlasts the handler: its head goes out at once, its
     // chunks over several times 30 ms.
     spec.primary.chunk_delay_ms = 30;
-    let (_mocks, base, stop, task) = gateway_logging_with(&spec, &path, false).await;
+    let LoggingGateway {
+        mocks: _mocks,
+        base,
+        stop,
+        task,
+        ..
+    } = gateway_logging_with(&spec, &path, false).await;
     let mut body = chat_body("tell me a long story");
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
@@ -456,7 +477,13 @@ async fn a_streamed_answer_is_logged_when_it_ends_with_its_upstream_time_and_tok
 async fn with_log_bodies_the_messages_are_included() {
     let dir = temp_dir();
     let path = dir.join("requests.jsonl");
-    let (_mocks, base, stop, task) = gateway_logging_to(&path, true).await;
+    let LoggingGateway {
+        mocks: _mocks,
+        base,
+        stop,
+        task,
+        ..
+    } = gateway_logging_to(&path, true).await;
     let r = client()
         .post(format!("{base}/v1/chat/completions"))
         .bearer_auth(ACME)
@@ -473,6 +500,49 @@ async fn with_log_bodies_the_messages_are_included() {
     assert!(!std::fs::read_to_string(&path).unwrap().contains(ACME));
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A follower lets its parsed body go while it waits and parses it again
+/// for its line: with `log.bodies`, its line has its messages too.
+#[tokio::test]
+async fn with_log_bodies_a_followers_line_has_its_messages() {
+    let dir = temp_dir();
+    let path = dir.join("requests.jsonl");
+    let gw = gateway_logging_with(&holding(), &path, true).await;
+    let send = || {
+        let url = format!("{}/v1/chat/completions", gw.base);
+        async move {
+            let r = client()
+                .post(url)
+                .bearer_auth(ACME)
+                .json(&chat_body("wait for me"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    };
+    let leader = tokio::spawn(send());
+    held(&gw.mocks.primary, 1).await;
+    let follower = tokio::spawn(send());
+    let table = &gw.state.coalescer.table;
+    eventually(Duration::from_secs(10), || table.followers() >= 1).await;
+    release(&gw.mocks.primary, None).await;
+    leader.await.unwrap();
+    follower.await.unwrap();
+    let lines = log_lines(&path, 2).await;
+    let outcomes: Vec<&str> = lines.iter().filter_map(|l| l["outcome"].as_str()).collect();
+    assert!(outcomes.contains(&"follower"), "{outcomes:?}");
+    for l in &lines {
+        assert_eq!(
+            l["messages"],
+            json!([{"role": "user", "content": "wait for me"}]),
+            "{l}"
+        );
+    }
+    let _ = gw.stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), gw.task).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
