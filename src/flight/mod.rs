@@ -488,6 +488,19 @@ mod tests {
         }
     }
 
+    /// Joins the flight of [`fp`] on the first target as its leader (a
+    /// leader that calls nobody: the test finishes its flight, or not).
+    fn lead(coalescer: &Coalescer, lease: Duration) -> LeaderTicket {
+        let key = FlightKey {
+            fp: fp(),
+            target: 0,
+        };
+        match coalescer.table.join(key, lease) {
+            Joined::Leader(ticket) => ticket,
+            Joined::Follower(_) => panic!("the table had a flight already"),
+        }
+    }
+
     fn success(text: &str) -> Arc<Answer> {
         let mut a = Answer::from_failure(Failure::Timeout, "x", "p".into(), "m".into());
         a.failure = None;
@@ -516,13 +529,7 @@ mod tests {
     async fn a_follower_waits_without_its_parse() {
         let (coalescer, route) = setup("");
         let tenant: Arc<str> = "acme".into();
-        let key = FlightKey {
-            fp: fp(),
-            target: 0,
-        };
-        let Joined::Leader(ticket) = coalescer.table.join(key, Duration::from_secs(30)) else {
-            panic!("the table had a flight already")
-        };
+        let ticket = lead(&coalescer, Duration::from_secs(30));
         let body = body();
         let ask = ask(&tenant, &route, &body);
         let mut following = std::pin::pin!(coalescer.obtain(&ask));
@@ -541,14 +548,8 @@ mod tests {
     async fn a_follower_that_takes_over_sends_its_request_parsed_again() {
         let (coalescer, route) = setup("max_wait = \"50ms\"\non_wait_timeout = \"lead\"");
         let tenant: Arc<str> = "acme".into();
-        let key = FlightKey {
-            fp: fp(),
-            target: 0,
-        };
         // A leader that hangs and never renews its (short) lease.
-        let Joined::Leader(_hung) = coalescer.table.join(key, Duration::from_millis(10)) else {
-            panic!("the table had a flight already")
-        };
+        let _hung = lead(&coalescer, Duration::from_millis(10));
         let body = body();
         let d = coalescer
             .obtain(&ask(&tenant, &route, &body))
