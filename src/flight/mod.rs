@@ -174,7 +174,8 @@ impl RequestBody {
     }
 
     /// True while the body is held parsed.
-    pub fn is_parsed(&self) -> bool {
+    #[cfg(test)]
+    fn is_parsed(&self) -> bool {
         self.parsed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

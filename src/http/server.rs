@@ -106,7 +106,7 @@ async fn serve_with(
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .keep_alive_interval(HTTP2_PING_INTERVAL)
         .keep_alive_timeout(HTTP2_PING_TIMEOUT);
-    let shared = Arc::new(Shared {
+    let common = Arc::new(Common {
         h1,
         h2,
         connections,
@@ -141,25 +141,25 @@ async fn serve_with(
         let service = router
             .clone()
             .map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
-        let shared = Arc::clone(&shared);
+        let common = Arc::clone(&common);
         let closing = closing.clone();
         tasks.spawn(async move {
             // hyper gives an HTTP/1.1 connection its 8 KiB read buffer at
             // once: wait for the first bytes (or the end) so that open idle
             // connections cost next to nothing.
             let protocol = tokio::select! {
-                sniffed = tokio::time::timeout(shared.header_read_timeout, sniff(&tcp)) => match sniffed {
+                sniffed = tokio::time::timeout(common.header_read_timeout, sniff(&tcp)) => match sniffed {
                     Ok(Ok(Some(protocol))) => protocol,
                     Ok(Ok(None) | Err(_)) | Err(_) => return,
                 },
                 () = closing.cancelled() => return,
             };
             let _open = Open::count(match protocol {
-                Protocol::Http1 => shared.connections.http1.clone(),
-                Protocol::Http2 => shared.connections.http2.clone(),
+                Protocol::Http1 => common.connections.http1.clone(),
+                Protocol::Http2 => common.connections.http2.clone(),
             });
             let io = TokioIo::new(tcp);
-            let Shared { h1, h2, .. } = &*shared;
+            let Common { h1, h2, .. } = &*common;
             let ended = match protocol {
                 Protocol::Http1 => {
                     let conn = pin!(h1.serve_connection(io, TowerToHyperService::new(service)));
@@ -175,7 +175,7 @@ async fn serve_with(
                     let stop = pin!(async {
                         tokio::select! {
                             () = closing.cancelled() => {}
-                            () = idle(&streams, shared.header_read_timeout) => {}
+                            () = idle(&streams, common.header_read_timeout) => {}
                         }
                     });
                     until_closed(conn, http2::Connection::graceful_shutdown, stop).await
@@ -195,7 +195,7 @@ async fn serve_with(
 /// What every connection's task shares: in one `Arc` rather than in each
 /// task's state, which stays within 1 KiB (the cell tokio allocates for it
 /// would otherwise be 1,152 bytes, and jemalloc's next size class 1,280).
-struct Shared {
+struct Common {
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
     connections: ConnectionGauges,
