@@ -267,6 +267,14 @@ async fn gateway_logging_with(spec: &Spec, path: &Path, bodies: bool) -> Logging
     }
 }
 
+impl LoggingGateway {
+    /// Stops the gateway and waits (bounded) for it to finish serving.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
 async fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
     eventually(Duration::from_secs(10), || {
         std::fs::read_to_string(path).is_ok_and(|t| t.lines().count() >= n)
@@ -283,17 +291,11 @@ async fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
 async fn the_request_log_file_has_one_line_per_request_and_no_secrets() {
     let dir = temp_dir();
     let path = dir.join("requests.jsonl");
-    let LoggingGateway {
-        mocks: _mocks,
-        base,
-        stop,
-        task,
-        ..
-    } = gateway_logging_to(&path, false).await;
+    let gw = gateway_logging_to(&path, false).await;
     let c = client();
     let chat = |key: &'static str, body: Value, idem_key: Option<&'static str>| {
         let mut r = c
-            .post(format!("{base}/v1/chat/completions"))
+            .post(format!("{}/v1/chat/completions", gw.base))
             .bearer_auth(key)
             .json(&body);
         if let Some(k) = idem_key {
@@ -320,7 +322,7 @@ async fn the_request_log_file_has_one_line_per_request_and_no_secrets() {
     let job = json!({"request": chat_body("a job to do")});
     for expected in [201, 200] {
         let r = c
-            .post(format!("{base}/v1/jobs"))
+            .post(format!("{}/v1/jobs", gw.base))
             .bearer_auth(ACME)
             .header("Idempotency-Key", "order-45")
             .json(&job)
@@ -424,8 +426,7 @@ async fn the_request_log_file_has_one_line_per_request_and_no_secrets() {
     assert_eq!(v["observed"]["outcomes"]["cache-hit"], 2);
     assert_eq!(v["simulation"]["saved"], 3);
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    gw.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -437,18 +438,12 @@ async fn a_streamed_answer_is_logged_when_it_ends_with_its_upstream_time_and_tok
     // The stream outlasts the handler: its head goes out at once, its
     // chunks over several times 30 ms.
     spec.primary.chunk_delay_ms = 30;
-    let LoggingGateway {
-        mocks: _mocks,
-        base,
-        stop,
-        task,
-        ..
-    } = gateway_logging_with(&spec, &path, false).await;
+    let gw = gateway_logging_with(&spec, &path, false).await;
     let mut body = chat_body("tell me a long story");
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
     let r = client()
-        .post(format!("{base}/v1/chat/completions"))
+        .post(format!("{}/v1/chat/completions", gw.base))
         .bearer_auth(ACME)
         .json(&body)
         .send()
@@ -468,8 +463,7 @@ async fn a_streamed_answer_is_logged_when_it_ends_with_its_upstream_time_and_tok
     // The latency stays the time to the answer's head.
     assert!(l["latency_ms"].as_f64().unwrap() < upstream, "{l}");
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    gw.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -477,15 +471,9 @@ async fn a_streamed_answer_is_logged_when_it_ends_with_its_upstream_time_and_tok
 async fn with_log_bodies_the_messages_are_included() {
     let dir = temp_dir();
     let path = dir.join("requests.jsonl");
-    let LoggingGateway {
-        mocks: _mocks,
-        base,
-        stop,
-        task,
-        ..
-    } = gateway_logging_to(&path, true).await;
+    let gw = gateway_logging_to(&path, true).await;
     let r = client()
-        .post(format!("{base}/v1/chat/completions"))
+        .post(format!("{}/v1/chat/completions", gw.base))
         .bearer_auth(ACME)
         .json(&chat_body("show me"))
         .send()
@@ -498,8 +486,7 @@ async fn with_log_bodies_the_messages_are_included() {
         json!([{"role": "user", "content": "show me"}])
     );
     assert!(!std::fs::read_to_string(&path).unwrap().contains(ACME));
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    gw.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -541,8 +528,7 @@ async fn with_log_bodies_a_followers_line_has_its_messages() {
             "{l}"
         );
     }
-    let _ = gw.stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), gw.task).await;
+    gw.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
