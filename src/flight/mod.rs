@@ -290,14 +290,17 @@ impl Coalescer {
             d.cache_age = Some(age);
             return Ok(d);
         }
-        let key = FlightKey {
+        // The key and the lease are read again where they are used: kept in
+        // variables, they would live through the wait in every follower's
+        // state.
+        let key = || FlightKey {
             fp: ask.fp,
             target: target.index,
         };
-        let lease = ask.route.config.coalesce.lease;
+        let lease = || ask.route.config.coalesce.lease;
         if !ask.coalesce {
             let request = ask.body.get()?;
-            let ticket = self.table.private(key, lease);
+            let ticket = self.table.private(key(), lease());
             let flight = ticket.flight.clone();
             self.spawn_leader(ask, target, &request, ticket);
             return Ok(Delivery {
@@ -310,7 +313,7 @@ impl Coalescer {
         }
         let max_wait = ask.max_wait.unwrap_or_else(|| ask.route.max_wait());
         loop {
-            let flight = match self.table.join(key, lease) {
+            let flight = match self.table.join(key(), lease()) {
                 Joined::Leader(ticket) => {
                     let request = ask.body.get()?;
                     let flight = ticket.flight.clone();
@@ -343,7 +346,7 @@ impl Coalescer {
             match ask.route.config.coalesce.on_wait_timeout {
                 OnWaitTimeout::Lead => {
                     let request = ask.body.get()?;
-                    if let Some(ticket) = self.table.take_over(&flight, lease) {
+                    if let Some(ticket) = self.table.take_over(&flight, lease()) {
                         tracing::warn!(route = %ask.route.name, fp = %ask.fp, "leader lease expired; taking over");
                         let flight = ticket.flight.clone();
                         self.spawn_leader(ask, target, &request, ticket);
@@ -357,7 +360,7 @@ impl Coalescer {
                     }
                     let replaced = self
                         .table
-                        .current(&key)
+                        .current(&key())
                         .is_some_and(|now| !Arc::ptr_eq(&now, &flight));
                     if replaced {
                         // Somebody else took over: wait for the new leader.

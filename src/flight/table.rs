@@ -200,13 +200,16 @@ impl Flight {
     }
 
     /// The head, once the provider has answered (or the flight ended).
-    pub async fn head(&self, deadline: Option<Instant>) -> Option<Head> {
-        self.wait_for(deadline, |b| b.head).await
+    pub fn head(&self, deadline: Option<Instant>) -> impl Future<Output = Option<Head>> + '_ {
+        self.wait_for(deadline, |b| b.head)
     }
 
     /// The final answer.
-    pub async fn done(&self, deadline: Option<Instant>) -> Option<Arc<Answer>> {
-        self.wait_for(deadline, |b| b.done.clone()).await
+    pub fn done(
+        &self,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Option<Arc<Answer>>> + '_ {
+        self.wait_for(deadline, |b| b.done.clone())
     }
 
     /// Extends the lease; called by the live leader every lease/3.

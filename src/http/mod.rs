@@ -20,7 +20,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tower_http::catch_panic::CatchPanicLayer;
@@ -75,15 +75,19 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let auth = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
+        Caller::admit(&parts.headers, state)
+    }
+}
+
+impl Caller {
+    /// Authenticates the request's key, then spends a token of its tenant's
+    /// rate limit, before any work is done for it.
+    pub fn admit(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
+        let auth = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
         let who = state
             .keyring
             .authenticate(auth)
             .ok_or(ApiError::Unauthorized)?;
-        // Each tenant's token bucket, before any work is done for it.
         if let Principal::Tenant(t) = &who
             && let Some(limits) = state.keyring.limits(t)
             && let Err(wait) = limits.admit()
@@ -95,9 +99,7 @@ impl FromRequestParts<AppState> for Caller {
         }
         Ok(Caller(who))
     }
-}
 
-impl Caller {
     /// The tenant, or 403 for an admin key on a tenant endpoint.
     pub fn tenant(&self) -> Result<Arc<str>, ApiError> {
         match &self.0 {
@@ -174,8 +176,8 @@ where
 /// The router of one gateway.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(openai::chat_completions))
-        .route("/chat/completions", post(openai::chat_completions))
+        .route("/v1/chat/completions", post(openai::ChatCompletions))
+        .route("/chat/completions", post(openai::ChatCompletions))
         .route("/v1/models", get(openai::models))
         .route("/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::get))
