@@ -23,7 +23,6 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::config::Config;
 use crate::flight::Coalescer;
@@ -195,7 +194,6 @@ pub fn router(state: AppState) -> Router {
         .merge(ui::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(CatchPanicLayer::custom(panic_response))
         .with_state(state)
 }
 
@@ -213,7 +211,9 @@ async fn method_not_allowed() -> Response {
     (StatusCode::METHOD_NOT_ALLOWED, axum::Json(body)).into_response()
 }
 
-fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+/// The answer to a request whose handler panicked (the server catches
+/// it: see `server`).
+pub fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
     tracing::error!("a handler panicked");
     ApiError::internal(anyhow::anyhow!("handler panicked")).into_response()
 }
