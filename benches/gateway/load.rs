@@ -163,18 +163,53 @@ pub async fn closed(
     duration: Duration,
     make: Maker,
 ) -> anyhow::Result<Run> {
+    closed_loop(addr, conns, Stop::After(Instant::now() + duration), make).await
+}
+
+/// `conns` connections, each sending request after request until `total`
+/// have been sent between them: a fixed amount of work, whatever the
+/// machine's speed.
+pub async fn closed_count(
+    addr: SocketAddr,
+    conns: usize,
+    total: u64,
+    make: Maker,
+) -> anyhow::Result<Run> {
+    closed_loop(addr, conns, Stop::Sent(total), make).await
+}
+
+/// When a closed loop stops.
+#[derive(Clone, Copy)]
+enum Stop {
+    After(Instant),
+    Sent(u64),
+}
+
+async fn closed_loop(
+    addr: SocketAddr,
+    conns: usize,
+    stop: Stop,
+    make: Maker,
+) -> anyhow::Result<Run> {
     let connections = connect_all(addr, conns).await?;
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let deadline = start + duration;
     let mut tasks = Vec::with_capacity(conns);
     for conn in connections {
         let (next, make) = (Arc::clone(&next), Arc::clone(&make));
         tasks.push(tokio::spawn(async move {
             let mut run = Run::new()?;
             let mut conn = Some(conn);
-            while Instant::now() < deadline {
-                let request = make(next.fetch_add(1, Ordering::Relaxed));
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let done = match stop {
+                    Stop::After(deadline) => Instant::now() >= deadline,
+                    Stop::Sent(total) => i >= total,
+                };
+                if done {
+                    break;
+                }
+                let request = make(i);
                 let sent = Instant::now();
                 let reply = exchange(&mut conn, addr, &request).await;
                 run.record(&reply, sent.elapsed());
