@@ -10,6 +10,7 @@
 //! flight ends, and ends the flight. Its [`LeaderTicket`] is dropped on
 //! every path, which removes the flight.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::providers::breaker::Health;
 use crate::routes::Route;
 
-use super::redis::{Begin, RedisFlights, Remote, SharedError};
+use super::redis::{Begin, Completion, Lease, RedisFlights, Remote};
 use super::table::{Flight, Head, LeaderTicket, Origin};
 
 pub struct LeaderJob {
@@ -64,7 +65,6 @@ const RESULT_TTL: Duration = Duration::from_secs(60);
 pub async fn lead(job: LeaderJob) {
     let flight = job.ticket.flight.clone();
     let cfg = &job.route.config;
-    let lease = cfg.coalesce.lease;
 
     // A request that became leader just after the previous flight ended
     // finds that flight's answer in the cache: no second call.
@@ -77,34 +77,16 @@ pub async fn lead(job: LeaderJob) {
         return;
     }
 
-    let global = match job.shared.get().cloned() {
+    let mut global = match job.shared.get().cloned() {
         Some(shared) => match share(&job, &flight, shared).await {
             Shared::Done => return,
-            Shared::Lead(shared, token) => Some((shared, token)),
+            Shared::Lead(shared, lease) => Some((shared, lease)),
             Shared::Local => None,
         },
         None => None,
     };
 
-    let heartbeat = async {
-        // The lease was just taken: the first renewal is due a third of it
-        // later, not at once.
-        let every = lease / 3;
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        loop {
-            tick.tick().await;
-            flight.renew(lease);
-            if let Some((shared, token)) = &global {
-                match shared.renew(&flight.key, token, lease).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!(fp = %job.fp, "lost the shared lease; the answer will not overwrite a newer one")
-                    }
-                    Err(e) => shared.failed("renew", &e),
-                }
-            }
-        }
-    };
+    let progress = Progress::new();
     let call = call(
         &flight,
         &job.route,
@@ -112,10 +94,11 @@ pub async fn lead(job: LeaderJob) {
         job.body.clone(),
         &job.tenant,
         &job.metrics,
+        &progress,
     );
     let mut answer = tokio::select! {
         a = call => a,
-        () = heartbeat => return,
+        () = heartbeat(&job, &flight, &progress, global.as_ref()) => return,
     };
     if let Some(t) = job.route.targets.get(job.target) {
         t.breaker.record(Health::of(&answer));
@@ -130,9 +113,19 @@ pub async fn lead(job: LeaderJob) {
         }
     }
 
+    // A local follower took this flight over while the call looked stuck:
+    // its answer is the flight's, this late one goes nowhere.
+    if let Some(next) = flight.successor() {
+        tracing::warn!(fp = %job.fp, "a newer leader took this flight over: its answer is shared, not this late one");
+        let theirs = next.done(None).await.unwrap_or_else(|| lost(&job));
+        flight.set_origin(Origin::Remote);
+        flight.finish(theirs);
+        return;
+    }
+
     let mut answer_ttl = None;
     let mut negative_ttl = None;
-    if job.write_cache && !flight.is_superseded() {
+    if job.write_cache {
         if answer.is_success() {
             if cfg.cache.enabled {
                 let ttl = jittered_ttl(cfg.cache.ttl, cfg.cache.jitter);
@@ -145,6 +138,55 @@ pub async fn lead(job: LeaderJob) {
         }
     }
     let answer = Arc::new(answer);
+    // The shared layer decides first whether this answer is the flight's:
+    // a leader that lost its lease to a newer one writes nothing anywhere,
+    // not even into this replica's own cache, and its waiters get the newer
+    // leader's answer.
+    while let Some((shared, lease)) = global.take() {
+        let completed = shared
+            .complete(
+                &flight.key,
+                &lease,
+                &answer,
+                answer_ttl,
+                negative_ttl,
+                RESULT_TTL,
+            )
+            .await;
+        let newer = match completed {
+            Ok(Completion::Accepted) => break,
+            Err(e) => {
+                shared.failed("complete", &e);
+                break;
+            }
+            Ok(Completion::Answered(theirs)) => {
+                tracing::warn!(fp = %job.fp, "a newer leader answered this flight: this late answer was not shared");
+                let theirs = theirs.unwrap_or_else(|| lost(&job));
+                keep_remote(&job, &theirs);
+                flight.set_origin(Origin::Remote);
+                flight.finish(theirs);
+                return;
+            }
+            Ok(Completion::Superseded(newer)) => newer,
+        };
+        tracing::warn!(fp = %job.fp, "a newer leader owns this flight: waiting for its answer instead of sharing this late one");
+        match follow_remote(&job, &flight, &shared, newer, &lease.token).await {
+            Followed::Answer(theirs) => {
+                flight.set_origin(Origin::Remote);
+                flight.finish(theirs);
+                return;
+            }
+            // The newer leader died too and this replica leads again: the
+            // answer at hand is as good as a new call's, under the new lease.
+            Followed::Lead(lease) => global = Some((shared, lease)),
+            // Redis failed meanwhile: the waiters here get this answer,
+            // which nothing caches.
+            Followed::Local => {
+                flight.finish(answer);
+                return;
+            }
+        }
+    }
     if let Some(ttl) = answer_ttl {
         job.cache.put(job.fp, answer.clone(), ttl, cfg);
     }
@@ -152,33 +194,111 @@ pub async fn lead(job: LeaderJob) {
         job.cache
             .put_negative(job.fp, job.target, answer.clone(), ttl);
     }
-    if let Some((shared, token)) = &global {
-        match shared
-            .complete(
-                &flight.key,
-                token,
-                &answer,
-                answer_ttl,
-                negative_ttl,
-                RESULT_TTL,
-            )
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(fp = %job.fp, "a newer leader owns this flight: this answer was not shared")
-            }
-            Err(e) => shared.failed("complete", &e),
+    flight.finish(answer);
+}
+
+/// When the leader's call last showed a sign of life (it started, the head
+/// came, a chunk came).
+pub struct Progress {
+    epoch: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            epoch: Instant::now(),
+            last_ms: AtomicU64::new(0),
         }
     }
-    flight.finish(answer);
+
+    fn mark(&self) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+}
+
+/// Renews the flight's lease (local and shared) every lease/3 while the
+/// call is alive. The provider timeout bounds the wait for the head and
+/// every pause between chunks, so a call that has shown no sign of life
+/// for longer than that is stuck: its lease is no longer renewed and
+/// lapses, and a waiter may take the flight over. Never returns.
+async fn heartbeat(
+    job: &LeaderJob,
+    flight: &Flight,
+    progress: &Progress,
+    global: Option<&(Arc<RedisFlights>, Lease)>,
+) {
+    let lease = job.route.config.coalesce.lease;
+    let stuck_after = job
+        .route
+        .targets
+        .get(job.target)
+        .map(|t| t.provider.timeout)
+        .unwrap_or(Duration::from_secs(30))
+        + lease / 3;
+    // The lease was just taken: the first renewal is due a third of it
+    // later, not at once.
+    let every = lease / 3;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut lost_shared = false;
+    loop {
+        tick.tick().await;
+        if progress.idle() > stuck_after {
+            continue;
+        }
+        flight.renew(lease);
+        if let Some((shared, held)) = global
+            && !lost_shared
+        {
+            match shared.renew(&flight.key, held, lease).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    lost_shared = true;
+                    tracing::warn!(fp = %job.fp, "lost the shared lease; the answer will not overwrite a newer one")
+                }
+                Err(e) => shared.failed("renew", &e),
+            }
+        }
+    }
+}
+
+/// The answer for waiters whose flight was answered by a newer leader
+/// whose result is gone already.
+fn lost(job: &LeaderJob) -> Arc<Answer> {
+    Arc::new(Answer::from_failure(
+        Failure::LeaderLost,
+        "a newer call answered this request, and its answer is no longer at hand",
+        "idem".into(),
+        job.route.name.clone(),
+    ))
+}
+
+/// Keeps another replica's answer in this replica's cache for as long as
+/// the shared cache does.
+fn keep_remote(job: &LeaderJob, answer: &Arc<Answer>) {
+    let cfg = &job.route.config;
+    if answer.is_success()
+        && cfg.cache.enabled
+        && job.write_cache
+        && job.may_serve(answer)
+        && let Some(ttl) = answer.cache_ttl
+    {
+        job.cache.put(job.fp, answer.clone(), ttl, cfg);
+    }
 }
 
 enum Shared {
     /// The flight was answered from the shared layer.
     Done,
     /// This replica leads the shared flight.
-    Lead(Arc<RedisFlights>, String),
+    Lead(Arc<RedisFlights>, Lease),
     /// Redis is unavailable: lead locally.
     Local,
 }
@@ -201,7 +321,7 @@ async fn share(job: &LeaderJob, flight: &Arc<Flight>, shared: Arc<RedisFlights>)
             .begin(&key, &token, lease, false, job.read_negative)
             .await;
     }
-    let leader = match begin {
+    let awaited = match begin {
         Ok(Begin::Hit(answer, left)) => {
             if left > Duration::ZERO {
                 job.cache.put(job.fp, answer.clone(), left, cfg);
@@ -215,24 +335,53 @@ async fn share(job: &LeaderJob, flight: &Arc<Flight>, shared: Arc<RedisFlights>)
             flight.finish(answer);
             return Shared::Done;
         }
-        Ok(Begin::Lead) => return Shared::Lead(shared, token),
-        Ok(Begin::Follow(leader)) => leader,
+        Ok(Begin::Lead(generation)) => {
+            return Shared::Lead(shared, Lease { generation, token });
+        }
+        Ok(Begin::Follow(generation)) => generation,
         Err(e) => {
             shared.failed("begin", &e);
             return Shared::Local;
         }
     };
-    // Another replica leads: wait for its answer, keeping this replica's own
-    // flight lease alive meanwhile. Its call is bounded by the provider
-    // timeout; past that and a lease, something is wrong with it.
-    let timeout = job
-        .route
-        .targets
-        .get(job.target)
-        .map(|t| t.provider.timeout)
-        .unwrap_or(Duration::from_secs(30));
-    let deadline = Instant::now() + timeout + lease * 2;
-    let heartbeat = async {
+    match follow_remote(job, flight, &shared, awaited, &token).await {
+        Followed::Answer(answer) => {
+            flight.set_origin(Origin::Remote);
+            flight.finish(answer);
+            Shared::Done
+        }
+        Followed::Lead(lease) => {
+            tracing::warn!(fp = %job.fp, "the leading replica's lease expired; taking the flight over");
+            Shared::Lead(shared, lease)
+        }
+        Followed::Local => Shared::Local,
+    }
+}
+
+/// How following another replica's flight ended.
+enum Followed {
+    /// Its answer (or a take-over's, or the shared cache's).
+    Answer(Arc<Answer>),
+    /// Nobody leads and nothing is cached: this replica took the flight.
+    Lead(Lease),
+    /// Redis failed.
+    Local,
+}
+
+/// Waits for the flight of generation `awaited` on another replica, keeping
+/// this replica's own flight lease alive meanwhile (its followers wait on
+/// it). It waits as long as a replica holds the shared lease: a long
+/// stream is waited for; a dead leader's lease lapses and one waiter takes
+/// over. The local followers' `max_wait` bounds their own wait.
+async fn follow_remote(
+    job: &LeaderJob,
+    flight: &Flight,
+    shared: &RedisFlights,
+    awaited: u64,
+    token: &str,
+) -> Followed {
+    let lease = job.route.config.coalesce.lease;
+    let keep_local = async {
         let every = lease / 3;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
@@ -240,46 +389,32 @@ async fn share(job: &LeaderJob, flight: &Arc<Flight>, shared: Arc<RedisFlights>)
             flight.renew(lease);
         }
     };
+    // A job's attempt names its target: another target's cached answer
+    // would be credited to the wrong one, so it does not take one here.
+    let read_cache = job.read_cache && !job.pinned;
     let waited = tokio::select! {
-        r = shared.wait_remote(&key, leader, &token, lease, deadline) => r,
-        () = heartbeat => return Shared::Local,
+        r = shared.wait_remote(&flight.key, awaited, token, lease, read_cache) => r,
+        () = keep_local => return Followed::Local,
     };
     match waited {
         Ok(Remote::Done(answer)) => {
-            if answer.is_success()
-                && cfg.cache.enabled
-                && job.write_cache
-                && let Some(ttl) = answer.cache_ttl
-            {
-                job.cache.put(job.fp, answer.clone(), ttl, cfg);
+            keep_remote(job, &answer);
+            Followed::Answer(answer)
+        }
+        Ok(Remote::Hit(answer, left)) => {
+            if left > Duration::ZERO && job.write_cache {
+                job.cache
+                    .put(job.fp, answer.clone(), left, &job.route.config);
             }
-            flight.set_origin(Origin::Remote);
-            flight.finish(answer);
-            Shared::Done
+            Followed::Answer(answer)
         }
-        Ok(Remote::Lead) => {
-            tracing::warn!(fp = %job.fp, "the leading replica's lease expired; taking the flight over");
-            Shared::Lead(shared, token)
-        }
-        Err(SharedError::Deadline) => {
-            let provider = job
-                .route
-                .targets
-                .get(job.target)
-                .map(|t| t.provider.name.clone());
-            let answer = Answer::from_failure(
-                Failure::Timeout,
-                "the replica leading this request did not finish in time",
-                provider.unwrap_or_else(|| "idem".into()),
-                job.route.name.clone(),
-            );
-            flight.set_origin(Origin::Remote);
-            flight.finish(Arc::new(answer));
-            Shared::Done
-        }
+        Ok(Remote::Lead(generation)) => Followed::Lead(Lease {
+            generation,
+            token: token.to_string(),
+        }),
         Err(e) => {
             shared.failed("wait", &e);
-            Shared::Local
+            Followed::Local
         }
     }
 }
@@ -292,6 +427,7 @@ async fn call(
     body: Bytes,
     tenant: &str,
     metrics: &Metrics,
+    progress: &Progress,
 ) -> Answer {
     let Some(t) = route.targets.get(target) else {
         return Answer::from_failure(
@@ -311,6 +447,7 @@ async fn call(
             return Answer::from_call_error(&e, provider.name.clone(), t.model.clone());
         }
     };
+    progress.mark();
     metrics.upstream_call(tenant, &provider.name, reply.status.as_u16());
     let form = if reply.streaming {
         Form::Stream
@@ -332,6 +469,7 @@ async fn call(
     while let Some(chunk) = body.next().await {
         match chunk {
             Ok(bytes) => {
+                progress.mark();
                 whole.extend_from_slice(&bytes);
                 if streaming {
                     flight.push(bytes);
@@ -359,5 +497,55 @@ async fn call(
         upstream_latency: latency,
         cache_ttl: None,
         rendered: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stuck_calls_lease_lapses_once_it_has_been_silent_past_the_provider_timeout() {
+        let lease = Duration::from_millis(600);
+        let (coalescer, route) =
+            super::super::tests::setup_with("timeout = \"1s\"", "lease = \"600ms\"");
+        let ticket = super::super::tests::lead(&coalescer, lease);
+        let flight = ticket.flight.clone();
+        let job = LeaderJob {
+            ticket,
+            tenant: "acme".into(),
+            route,
+            target: 0,
+            body: Bytes::new(),
+            fp: super::super::tests::fp(),
+            read_cache: true,
+            read_negative: true,
+            write_cache: true,
+            pinned: false,
+            cache: coalescer.cache.clone(),
+            shared: coalescer.shared.clone(),
+            metrics: coalescer.metrics.clone(),
+        };
+        // A call that started and then never showed a sign of life again.
+        let progress = Progress::new();
+        let beat = heartbeat(&job, &flight, &progress, None);
+        tokio::pin!(beat);
+        let mut wait = async |d: Duration| {
+            tokio::select! {
+                () = &mut beat => unreachable!("the heartbeat returned"),
+                () = tokio::time::sleep(d) => {}
+            }
+        };
+        // Silent for less than the provider timeout: the lease is renewed
+        // past its own length.
+        wait(Duration::from_millis(900)).await;
+        assert!(!flight.lease_expired(), "renewals stopped too early");
+        // Silent for the timeout and then a lease: nobody renews it.
+        wait(Duration::from_millis(1_800)).await;
+        assert!(flight.lease_expired(), "a stuck call's lease was renewed");
+        // A sign of life (a chunk) renews it again.
+        progress.mark();
+        wait(Duration::from_millis(400)).await;
+        assert!(!flight.lease_expired(), "a live call's lease lapsed");
     }
 }

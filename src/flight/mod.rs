@@ -449,8 +449,13 @@ mod tests {
     /// A coalescer and the route `bot` (the in-process mock provider)
     /// with these `[routes.coalesce]` settings.
     fn setup(coalesce: &str) -> (Coalescer, Arc<Route>) {
+        setup_with("", coalesce)
+    }
+
+    /// [`setup`] with more keys for the provider's table.
+    pub(super) fn setup_with(provider: &str, coalesce: &str) -> (Coalescer, Arc<Route>) {
         let toml = format!(
-            "[[providers]]\nname = \"p\"\nkind = \"mock\"\n\n[[routes]]\nmodel = \"bot\"\n\
+            "[[providers]]\nname = \"p\"\nkind = \"mock\"\n{provider}\n\n[[routes]]\nmodel = \"bot\"\n\
              targets = [{{ provider = \"p\", model = \"m\" }}]\n[routes.coalesce]\n{coalesce}\n"
         );
         let config = Config::from_toml_str(&toml, ConfigSource::Embedded, false).unwrap();
@@ -472,7 +477,7 @@ mod tests {
         RequestBody::from_bytes(Arc::new(parsed), Bytes::from(raw))
     }
 
-    fn fp() -> Fingerprint {
+    pub(super) fn fp() -> Fingerprint {
         let hex = blake3::hash(PROMPT.as_bytes()).to_hex().to_string();
         Fingerprint::from_str(&format!("v1:{hex}")).unwrap()
     }
@@ -494,7 +499,7 @@ mod tests {
 
     /// Joins the flight of [`fp`] on the first target as its leader (a
     /// leader that calls nobody: the test finishes its flight, or not).
-    fn lead(coalescer: &Coalescer, lease: Duration) -> LeaderTicket {
+    pub(super) fn lead(coalescer: &Coalescer, lease: Duration) -> LeaderTicket {
         let key = FlightKey {
             fp: fp(),
             target: 0,

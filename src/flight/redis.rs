@@ -34,23 +34,62 @@ use crate::metrics::Metrics;
 
 use super::table::FlightKey;
 
+/// One leadership of a shared flight: the generation that took it (a
+/// number that only grows per fingerprint and target, so any two leaders
+/// of the same flight are ordered) and the taker's random token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub generation: u64,
+    pub token: String,
+}
+
+impl Lease {
+    /// The flight key's value: `<generation>:<token>`.
+    fn value(&self) -> String {
+        format!("{}:{}", self.generation, self.token)
+    }
+
+    /// The generation in a flight key's value.
+    fn generation_of(value: &[u8]) -> Option<u64> {
+        let text = std::str::from_utf8(value).ok()?;
+        text.split_once(':')?.0.parse().ok()
+    }
+}
+
 /// What [`RedisFlights::begin`] found.
 pub enum Begin {
     /// A fresh answer in the shared result cache, and its remaining TTL.
     Hit(Arc<Answer>, Duration),
     /// A failure in the shared negative cache for this target.
     Negative(Arc<Answer>),
-    /// This replica now holds the flight.
-    Lead,
-    /// Another replica leads; its token.
-    Follow(String),
+    /// This replica now holds the flight, under this generation.
+    Lead(u64),
+    /// Another replica leads; the generation it holds.
+    Follow(u64),
 }
 
 /// How waiting on another replica's flight ended.
 pub enum Remote {
+    /// The answer of the awaited generation or of a later one (a take-over).
     Done(Arc<Answer>),
-    /// The leader's lease expired and this replica took the flight over.
-    Lead,
+    /// No live flight and no result: the shared cache had an answer (and
+    /// its remaining TTL).
+    Hit(Arc<Answer>, Duration),
+    /// No live flight, no result, nothing cached: this replica took the
+    /// flight over, under this generation.
+    Lead(u64),
+}
+
+/// What [`RedisFlights::complete`] did.
+pub enum Completion {
+    /// The answer was written and published: this leader's generation was
+    /// still the flight's newest.
+    Accepted,
+    /// A newer generation took the flight over; nothing was written. The
+    /// newer generation still leads ...
+    Superseded(u64),
+    /// ... or it ended with this answer (`None`: its result has expired).
+    Answered(Option<Arc<Answer>>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,10 +102,21 @@ pub enum SharedError {
     NotConnected,
     #[error("unexpected reply from a redis script")]
     Reply,
-    #[error("the remote leader did not finish in time")]
-    Deadline,
 }
 
+// Keys of one fingerprint and target (one hash tag, one Cluster slot):
+// `flight` holds `<generation>:<token>` with the lease as its TTL;
+// `generation` counts the takes (INCR: only grows); `result` holds
+// `<generation>\n<answer>` for the waiters of a flight that ended; `answer`
+// (per fingerprint) and `neg` are the shared result and negative caches.
+
+/// How long a generation counter outlives its last take. Far longer than
+/// any result or lease, so a counter never restarts while anything that
+/// carries one of its generations is still around.
+const GENERATION_TTL_MS: u64 = 24 * 3600 * 1000;
+
+// KEYS: answer, negative, flight, generation.
+// ARGV: token, lease_ms, read_cache, read_negative, generation_ttl_ms.
 const BEGIN: &str = r"
 if ARGV[3] == '1' then
   local a = redis.call('GET', KEYS[1])
@@ -76,10 +126,15 @@ if ARGV[4] == '1' then
   local n = redis.call('GET', KEYS[2])
   if n then return {'neg', n} end
 end
-if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'lead'} end
-return {'follow', redis.call('GET', KEYS[3])}
+local cur = redis.call('GET', KEYS[3])
+if cur then return {'follow', cur} end
+local g = redis.call('INCR', KEYS[4])
+redis.call('PEXPIRE', KEYS[4], ARGV[5])
+redis.call('SET', KEYS[3], g .. ':' .. ARGV[1], 'PX', ARGV[2])
+return {'lead', tostring(g)}
 ";
 
+// KEYS: flight. ARGV: `<generation>:<token>`, lease_ms.
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -87,37 +142,55 @@ end
 return 0
 ";
 
-// KEYS: flight, answer, negative, result.
-// ARGV: token, payload, answer_ttl_ms, negative_ttl_ms, result_ttl_ms, channel, message.
+// A write is accepted only from the flight's newest generation: the one
+// holding the flight, or, once its lease lapsed, the last one that took it
+// if nobody took it since. Whatever is cached does not matter.
+// KEYS: flight, answer, negative, result, generation.
+// ARGV: generation, `<generation>:<token>`, payload, answer_ttl_ms,
+//       negative_ttl_ms, result_ttl_ms, channel, message.
 const COMPLETE: &str = r"
 local cur = redis.call('GET', KEYS[1])
-if cur ~= ARGV[1] then
-  if cur or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if cur ~= ARGV[2] then
+  if cur then return {'superseded', cur} end
+  if redis.call('GET', KEYS[5]) ~= ARGV[1] then
+    local r = redis.call('GET', KEYS[4])
+    if r then return {'answered', r} end
+    return {'answered'}
+  end
 end
-if tonumber(ARGV[3]) > 0 then redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3]) end
-if tonumber(ARGV[4]) > 0 then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[4]) end
-redis.call('SET', KEYS[4], ARGV[1] .. '\n' .. ARGV[2], 'PX', ARGV[5])
-if cur == ARGV[1] then redis.call('DEL', KEYS[1]) end
-redis.call('PUBLISH', ARGV[6], ARGV[7])
-return 1
+if tonumber(ARGV[4]) > 0 then redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4]) end
+if tonumber(ARGV[5]) > 0 then redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5]) end
+redis.call('SET', KEYS[4], ARGV[1] .. '\n' .. ARGV[3], 'PX', ARGV[6])
+if cur == ARGV[2] then redis.call('DEL', KEYS[1]) end
+redis.call('PUBLISH', ARGV[7], ARGV[8])
+return {'ok'}
 ";
 
-// KEYS: flight, result. ARGV: awaited token, own token, lease_ms.
+// A waiter of generation g is done with the result of g or of any later
+// generation (a take-over's); it waits while a flight is live, whichever
+// generation holds it; it takes the flight over only when there is
+// neither a live flight nor such a result nor a cached answer.
+// KEYS: flight, result, answer, generation.
+// ARGV: awaited generation, own token, lease_ms, read_cache,
+//       generation_ttl_ms.
 const POLL: &str = r"
 local r = redis.call('GET', KEYS[2])
 if r then
   local nl = string.find(r, '\n', 1, true)
-  if nl and string.sub(r, 1, nl - 1) == ARGV[1] then
+  if nl and tonumber(string.sub(r, 1, nl - 1)) >= tonumber(ARGV[1]) then
     return {'done', string.sub(r, nl + 1)}
   end
 end
 local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then return {'wait'} end
-if not cur then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return {'lead'}
+if cur then return {'wait', cur} end
+if ARGV[4] == '1' then
+  local a = redis.call('GET', KEYS[3])
+  if a then return {'hit', a, tostring(redis.call('PTTL', KEYS[3]))} end
 end
-return {'moved', cur}
+local g = redis.call('INCR', KEYS[4])
+redis.call('PEXPIRE', KEYS[4], ARGV[5])
+redis.call('SET', KEYS[1], g .. ':' .. ARGV[2], 'PX', ARGV[3])
+return {'lead', tostring(g)}
 ";
 
 /// The Redis side of coalescing for one replica.
@@ -257,9 +330,6 @@ impl RedisFlights {
 
     /// Counts a Redis failure and logs it (at most once per second).
     pub fn failed(&self, what: &str, e: &SharedError) {
-        if matches!(e, SharedError::Deadline) {
-            return;
-        }
         self.healthy.store(false, Ordering::Relaxed);
         self.metrics.redis_errors.increment(1);
         let now = self.started.elapsed().as_secs();
@@ -302,28 +372,25 @@ impl RedisFlights {
         inv.key(self.key(key, "answer"))
             .key(self.target_key(key, "neg"))
             .key(self.target_key(key, "flight"))
+            .key(self.target_key(key, "generation"))
             .arg(token)
             .arg(ms(lease))
-            .arg(if read_cache { "1" } else { "0" })
-            .arg(if read_negative { "1" } else { "0" });
+            .arg(flag(read_cache))
+            .arg(flag(read_negative))
+            .arg(GENERATION_TTL_MS);
         let reply: Vec<Vec<u8>> = self.run(inv).await?;
-        let answer = |b: &[u8]| Answer::from_wire(b).map(Arc::new).ok_or(SharedError::Reply);
         match reply.first().map(Vec::as_slice) {
             Some(b"hit") => {
-                let a = answer(reply.get(1).ok_or(SharedError::Reply)?)?;
-                let left = reply
-                    .get(2)
-                    .and_then(|b| std::str::from_utf8(b).ok())
-                    .and_then(|t| t.parse::<u64>().ok())
-                    .unwrap_or(0);
-                Ok(Begin::Hit(a, Duration::from_millis(left)))
+                let (a, left) = hit(&reply)?;
+                Ok(Begin::Hit(a, left))
             }
-            Some(b"neg") => Ok(Begin::Negative(answer(
-                reply.get(1).ok_or(SharedError::Reply)?,
-            )?)),
-            Some(b"lead") => Ok(Begin::Lead),
+            Some(b"neg") => Ok(Begin::Negative(answer_at(&reply, 1)?)),
+            Some(b"lead") => Ok(Begin::Lead(number_at(&reply, 1)?)),
             Some(b"follow") => Ok(Begin::Follow(
-                String::from_utf8_lossy(reply.get(1).ok_or(SharedError::Reply)?).into_owned(),
+                reply
+                    .get(1)
+                    .and_then(|v| Lease::generation_of(v))
+                    .ok_or(SharedError::Reply)?,
             )),
             _ => Err(SharedError::Reply),
         }
@@ -333,54 +400,72 @@ impl RedisFlights {
     pub async fn renew(
         &self,
         key: &FlightKey,
-        token: &str,
-        lease: Duration,
+        lease: &Lease,
+        ttl: Duration,
     ) -> Result<bool, SharedError> {
         let mut inv = self.renew.prepare_invoke();
         inv.key(self.target_key(key, "flight"))
-            .arg(token)
-            .arg(ms(lease));
+            .arg(lease.value())
+            .arg(ms(ttl));
         let n: i64 = self.run(inv).await?;
         Ok(n == 1)
     }
 
-    /// Ends the flight: caches, result, delete, publish; fenced by `token`.
-    /// Returns false when a newer leader holds the flight (nothing written).
+    /// Ends the flight: caches, result, delete, publish; fenced by the
+    /// lease's generation (see [`Completion`]).
     pub async fn complete(
         &self,
         key: &FlightKey,
-        token: &str,
+        lease: &Lease,
         answer: &Answer,
         answer_ttl: Option<Duration>,
         negative_ttl: Option<Duration>,
         result_ttl: Duration,
-    ) -> Result<bool, SharedError> {
+    ) -> Result<Completion, SharedError> {
         let mut inv = self.complete.prepare_invoke();
         inv.key(self.target_key(key, "flight"))
             .key(self.key(key, "answer"))
             .key(self.target_key(key, "neg"))
             .key(self.target_key(key, "result"))
-            .arg(token)
+            .key(self.target_key(key, "generation"))
+            .arg(lease.generation)
+            .arg(lease.value())
             .arg(answer.to_wire())
             .arg(answer_ttl.map(ms).unwrap_or(0))
             .arg(negative_ttl.map(ms).unwrap_or(0))
             .arg(ms(result_ttl))
             .arg(&self.channel)
             .arg(Self::flight_id(key));
-        let n: i64 = self.run(inv).await?;
-        Ok(n == 1)
+        let reply: Vec<Vec<u8>> = self.run(inv).await?;
+        match reply.first().map(Vec::as_slice) {
+            Some(b"ok") => Ok(Completion::Accepted),
+            Some(b"superseded") => Ok(Completion::Superseded(
+                reply
+                    .get(1)
+                    .and_then(|v| Lease::generation_of(v))
+                    .ok_or(SharedError::Reply)?,
+            )),
+            Some(b"answered") => match reply.get(1) {
+                None => Ok(Completion::Answered(None)),
+                Some(r) => Ok(Completion::Answered(Some(result_answer(r)?))),
+            },
+            _ => Err(SharedError::Reply),
+        }
     }
 
-    /// Waits for the flight another replica leads (token `leader`), until its
-    /// answer arrives, its lease expires and this replica takes over, or
-    /// `deadline`.
+    /// Waits for the flight of generation `awaited`, which another replica
+    /// leads, until its answer or a later generation's arrives, or nobody
+    /// leads any more and this replica finds the answer cached or takes the
+    /// flight over. It waits as long as some replica holds the flight's
+    /// lease, so a long but healthy answer is waited for; the caller's own
+    /// bounds (its followers' `max_wait`) decide how long that may be.
     pub async fn wait_remote(
         &self,
         key: &FlightKey,
-        mut leader: String,
+        awaited: u64,
         token: &str,
         lease: Duration,
-        deadline: Instant,
+        read_cache: bool,
     ) -> Result<Remote, SharedError> {
         let id = Self::flight_id(key);
         let notify = self.waiters.entry(id.clone()).or_default().clone();
@@ -394,35 +479,27 @@ impl RedisFlights {
                 let mut inv = self.poll_script.prepare_invoke();
                 inv.key(self.target_key(key, "flight"))
                     .key(self.target_key(key, "result"))
-                    .arg(&leader)
+                    .key(self.key(key, "answer"))
+                    .key(self.target_key(key, "generation"))
+                    .arg(awaited)
                     .arg(token)
-                    .arg(ms(lease));
+                    .arg(ms(lease))
+                    .arg(flag(read_cache))
+                    .arg(GENERATION_TTL_MS);
                 let reply: Vec<Vec<u8>> = self.run(inv).await?;
                 match reply.first().map(Vec::as_slice) {
-                    Some(b"done") => {
-                        let a = reply
-                            .get(1)
-                            .and_then(|b| Answer::from_wire(b))
-                            .ok_or(SharedError::Reply)?;
-                        return Ok(Remote::Done(Arc::new(a)));
+                    Some(b"done") => return Ok(Remote::Done(answer_at(&reply, 1)?)),
+                    Some(b"hit") => {
+                        let (a, left) = hit(&reply)?;
+                        return Ok(Remote::Hit(a, left));
                     }
-                    Some(b"lead") => return Ok(Remote::Lead),
-                    Some(b"moved") => {
-                        leader = String::from_utf8_lossy(reply.get(1).ok_or(SharedError::Reply)?)
-                            .into_owned();
-                        continue;
-                    }
+                    Some(b"lead") => return Ok(Remote::Lead(number_at(&reply, 1)?)),
                     Some(b"wait") => {}
                     _ => return Err(SharedError::Reply),
                 }
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(SharedError::Deadline);
-                }
-                let nap = self.poll.min(deadline - now);
                 tokio::select! {
                     () = &mut notified => {}
-                    () = tokio::time::sleep(nap) => {}
+                    () = tokio::time::sleep(self.poll) => {}
                 }
             }
         }
@@ -432,6 +509,45 @@ impl RedisFlights {
             .remove_if(&id, |_, n| Arc::strong_count(n) == 1);
         result
     }
+}
+
+fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "0" }
+}
+
+fn answer_at(reply: &[Vec<u8>], i: usize) -> Result<Arc<Answer>, SharedError> {
+    reply
+        .get(i)
+        .and_then(|b| Answer::from_wire(b))
+        .map(Arc::new)
+        .ok_or(SharedError::Reply)
+}
+
+fn number_at(reply: &[Vec<u8>], i: usize) -> Result<u64, SharedError> {
+    reply
+        .get(i)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .and_then(|t| t.parse().ok())
+        .ok_or(SharedError::Reply)
+}
+
+/// A `{'hit', answer, pttl}` reply.
+fn hit(reply: &[Vec<u8>]) -> Result<(Arc<Answer>, Duration), SharedError> {
+    let a = answer_at(reply, 1)?;
+    // PTTL is -1 (no expiry) or -2 (just gone): no time left to cache it.
+    let left = number_at(reply, 2).unwrap_or(0);
+    Ok((a, Duration::from_millis(left)))
+}
+
+/// The answer in a `result` key's value (`<generation>\n<answer>`).
+fn result_answer(value: &[u8]) -> Result<Arc<Answer>, SharedError> {
+    let nl = value
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or(SharedError::Reply)?;
+    Answer::from_wire(&value[nl + 1..])
+        .map(Arc::new)
+        .ok_or(SharedError::Reply)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -485,70 +601,75 @@ mod tests {
         a
     }
 
+    const LEASE: Duration = Duration::from_millis(300);
+    const KEEP: Duration = Duration::from_secs(5);
+
+    fn lease(generation: u64, token: &str) -> Lease {
+        Lease {
+            generation,
+            token: token.into(),
+        }
+    }
+
+    async fn lead(s: &RedisFlights, k: &FlightKey, token: &str) -> Lease {
+        match s.begin(k, token, LEASE, true, true).await.unwrap() {
+            Begin::Lead(g) => lease(g, token),
+            _ => panic!("{token} did not lead"),
+        }
+    }
+
+    async fn follow(s: &RedisFlights, k: &FlightKey, token: &str) -> u64 {
+        match s.begin(k, token, LEASE, true, true).await.unwrap() {
+            Begin::Follow(g) => g,
+            _ => panic!("{token} did not follow"),
+        }
+    }
+
+    /// Waits until the awaited leader's lease lapses and `token` takes over.
+    async fn take_over(s: &RedisFlights, k: &FlightKey, awaited: u64, token: &str) -> Lease {
+        match s.wait_remote(k, awaited, token, LEASE, true).await.unwrap() {
+            Remote::Lead(g) => lease(g, token),
+            _ => panic!("{token} did not take over"),
+        }
+    }
+
+    async fn complete(s: &RedisFlights, k: &FlightKey, l: &Lease, text: &str) -> Completion {
+        s.complete(k, l, &answer(text), Some(KEEP), None, KEEP)
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn one_leader_then_a_fenced_takeover() {
         let s = shared().await;
         let k = key();
-        let lease = Duration::from_millis(300);
-        assert!(matches!(
-            s.begin(&k, "a", lease, true, true).await.unwrap(),
-            Begin::Lead
-        ));
-        let Begin::Follow(leader) = s.begin(&k, "b", lease, true, true).await.unwrap() else {
-            panic!("a second leader")
-        };
-        assert_eq!(leader, "a");
+        let a = lead(&s, &k, "a").await;
+        assert_eq!(follow(&s, &k, "b").await, a.generation);
         // A renews while alive; B cannot renew A's lease.
-        assert!(s.renew(&k, "a", lease).await.unwrap());
-        assert!(!s.renew(&k, "b", lease).await.unwrap());
-        // A stops renewing (it died): B notices the expiry and takes over,
-        // and only B (a third waiter keeps waiting on B).
-        let deadline = Instant::now() + Duration::from_secs(5);
-        assert!(matches!(
-            s.wait_remote(&k, "a".into(), "b", lease, deadline)
-                .await
-                .unwrap(),
-            Remote::Lead
-        ));
-        let Begin::Follow(now) = s.begin(&k, "c", lease, true, true).await.unwrap() else {
-            panic!("a third leader")
-        };
-        assert_eq!(now, "b");
+        assert!(s.renew(&k, &a, LEASE).await.unwrap());
+        assert!(!s.renew(&k, &lease(a.generation, "b"), LEASE).await.unwrap());
+        // A stops renewing (it died): B notices the expiry and takes over
+        // under a newer generation, and only B (a third waiter follows B).
+        let b = take_over(&s, &k, a.generation, "b").await;
+        assert!(b.generation > a.generation);
+        assert_eq!(follow(&s, &k, "c").await, b.generation);
         // A's late answer must not be written over B's flight.
-        let late = answer("from A");
-        assert!(
-            !s.complete(
-                &k,
-                "a",
-                &late,
-                Some(Duration::from_secs(5)),
-                None,
-                Duration::from_secs(5)
-            )
-            .await
-            .unwrap()
-        );
-        let fresh = answer("from B");
-        assert!(
-            s.complete(
-                &k,
-                "b",
-                &fresh,
-                Some(Duration::from_secs(5)),
-                None,
-                Duration::from_secs(5)
-            )
-            .await
-            .unwrap()
-        );
-        let Begin::Hit(hit, left) = s.begin(&k, "d", lease, true, true).await.unwrap() else {
+        assert!(matches!(
+            complete(&s, &k, &a, "from A").await,
+            Completion::Superseded(g) if g == b.generation
+        ));
+        assert!(matches!(
+            complete(&s, &k, &b, "from B").await,
+            Completion::Accepted
+        ));
+        let Begin::Hit(hit, left) = s.begin(&k, "d", LEASE, true, true).await.unwrap() else {
             panic!("no shared answer")
         };
         assert_eq!(&hit.body[..], b"from B");
-        assert!(left > Duration::ZERO && left <= Duration::from_secs(5));
+        assert!(left > Duration::ZERO && left <= KEEP);
         // The waiter that followed B gets B's answer.
         let Remote::Done(got) = s
-            .wait_remote(&k, "b".into(), "c", lease, deadline)
+            .wait_remote(&k, b.generation, "c", LEASE, true)
             .await
             .unwrap()
         else {
@@ -558,27 +679,119 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_waiter_of_a_dead_leader_gets_the_takeovers_answer() {
+        let s = shared().await;
+        let k = key();
+        let a = lead(&s, &k, "a").await;
+        let b = take_over(&s, &k, a.generation, "b").await;
+        // B's call answers before C looks again: C still awaits A.
+        assert!(matches!(
+            complete(&s, &k, &b, "from B").await,
+            Completion::Accepted
+        ));
+        for read_cache in [true, false] {
+            let Remote::Done(got) = s
+                .wait_remote(&k, a.generation, "c", LEASE, read_cache)
+                .await
+                .unwrap()
+            else {
+                panic!("C led again after B had answered")
+            };
+            assert_eq!(&got.body[..], b"from B");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_late_write_after_an_uncached_takeover_goes_nowhere() {
+        let s = shared().await;
+        let k = key();
+        let a = lead(&s, &k, "a").await;
+        let b = take_over(&s, &k, a.generation, "b").await;
+        // B's answer is not cached (an error, or the cache is off): only its
+        // result says the flight ended.
+        let uncached = s
+            .complete(&k, &b, &answer("from B"), None, None, KEEP)
+            .await
+            .unwrap();
+        assert!(matches!(uncached, Completion::Accepted));
+        let Completion::Answered(Some(theirs)) = complete(&s, &k, &a, "from A").await else {
+            panic!("A's late write was accepted")
+        };
+        assert_eq!(&theirs.body[..], b"from B");
+        // Nothing of A's reached the cache or the result.
+        assert!(matches!(
+            s.begin(&k, "d", LEASE, true, true).await.unwrap(),
+            Begin::Lead(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_leader_whose_lease_lapsed_unnoticed_may_still_complete() {
+        let s = shared().await;
+        let k = key();
+        let a = lead(&s, &k, "a").await;
+        tokio::time::sleep(LEASE * 2).await;
+        // Nobody took over: A is still the newest generation, its waiters
+        // are waiting for exactly this answer.
+        assert!(matches!(
+            complete(&s, &k, &a, "from A").await,
+            Completion::Accepted
+        ));
+        let Remote::Done(got) = s
+            .wait_remote(&k, a.generation, "b", LEASE, true)
+            .await
+            .unwrap()
+        else {
+            panic!("no answer")
+        };
+        assert_eq!(&got.body[..], b"from A");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_would_lead_takes_a_cached_answer_instead() {
+        let s = shared().await;
+        let k = key();
+        let a = lead(&s, &k, "a").await;
+        // Another flight of the same fingerprint (another target, a bypass)
+        // filled the shared cache; A's flight itself vanished (its lease).
+        let other = FlightKey { target: 1, ..k };
+        let o = lead(&s, &other, "o").await;
+        assert!(matches!(
+            complete(&s, &other, &o, "cached").await,
+            Completion::Accepted
+        ));
+        tokio::time::sleep(LEASE * 2).await;
+        let Remote::Hit(got, left) = s
+            .wait_remote(&k, a.generation, "b", LEASE, true)
+            .await
+            .unwrap()
+        else {
+            panic!("the waiter led although an answer was cached")
+        };
+        assert_eq!(&got.body[..], b"cached");
+        assert!(left > Duration::ZERO);
+    }
+
+    #[tokio::test]
     async fn a_published_completion_wakes_the_waiter_before_its_poll() {
         let s = shared_polling(Duration::from_secs(30)).await;
         let k = key();
-        let lease = Duration::from_secs(10);
-        assert!(matches!(
-            s.begin(&k, "a", lease, true, true).await.unwrap(),
-            Begin::Lead
-        ));
+        let a = match s
+            .begin(&k, "a", Duration::from_secs(10), true, true)
+            .await
+            .unwrap()
+        {
+            Begin::Lead(g) => lease(g, "a"),
+            _ => panic!("no lead"),
+        };
         let waiter = {
             let s = s.clone();
+            let g = a.generation;
             tokio::spawn(async move {
                 // A poll interval far longer than the test: only the message can wake it.
                 let started = Instant::now();
                 let r = s
-                    .wait_remote(
-                        &k,
-                        "a".into(),
-                        "b",
-                        lease,
-                        Instant::now() + Duration::from_secs(20),
-                    )
+                    .wait_remote(&k, g, "b", Duration::from_secs(10), true)
                     .await;
                 (r, started.elapsed())
             })
@@ -587,11 +800,12 @@ mod tests {
         while s.waiters.is_empty() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        assert!(
-            s.complete(&k, "a", &answer("done"), None, None, Duration::from_secs(5))
+        assert!(matches!(
+            s.complete(&k, &a, &answer("done"), None, None, KEEP)
                 .await
-                .unwrap()
-        );
+                .unwrap(),
+            Completion::Accepted
+        ));
         let (r, took) = waiter.await.unwrap();
         assert!(matches!(r.unwrap(), Remote::Done(_)));
         assert!(took < Duration::from_secs(5));

@@ -11,8 +11,8 @@
 //! leader did not and removes it from the table. That is the only clean-up
 //! path: no return statement has to remember it.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -55,7 +55,9 @@ pub struct Flight {
     progress: watch::Sender<u64>,
     epoch: Instant,
     lease_until_ms: AtomicU64,
-    superseded: AtomicBool,
+    /// The flight that took this one over (fencing: its answer is this
+    /// flight's too).
+    successor: OnceLock<Arc<Flight>>,
     followers: AtomicU64,
     origin: AtomicU8,
 }
@@ -91,7 +93,7 @@ impl Flight {
             progress: watch::Sender::new(0),
             epoch,
             lease_until_ms: AtomicU64::new(0),
-            superseded: AtomicBool::new(false),
+            successor: OnceLock::new(),
             followers: AtomicU64::new(0),
             origin: AtomicU8::new(Origin::Upstream as u8),
         };
@@ -239,10 +241,11 @@ impl Flight {
         }
     }
 
-    /// True once another leader took this flight over; its late answer must
-    /// not overwrite the newer one in the cache (fencing).
-    pub fn is_superseded(&self) -> bool {
-        self.superseded.load(Ordering::Acquire)
+    /// The flight that took this one over, once another leader did: this
+    /// flight's late answer must go nowhere, the newer one's is shared
+    /// (fencing).
+    pub fn successor(&self) -> Option<Arc<Flight>> {
+        self.successor.get().cloned()
     }
 }
 
@@ -379,7 +382,7 @@ impl FlightTable {
             return None;
         }
         let flight = Arc::new(Flight::new(stale.key, self.epoch, lease));
-        stale.superseded.store(true, Ordering::Release);
+        let _ = stale.successor.set(flight.clone());
         *slot.value_mut() = flight.clone();
         drop(slot);
         self.on_start();
@@ -512,7 +515,7 @@ mod tests {
             .filter_map(|_| table.take_over(&seen, Duration::from_secs(3)))
             .collect();
         assert_eq!(winners.len(), 1);
-        assert!(old.flight.is_superseded());
+        assert!(old.flight.successor().is_some());
         // The old leader's late end must not remove the new flight.
         drop(old);
         assert_eq!(table.len(), 1);

@@ -19,3 +19,4 @@ mod jobs;
 mod ops;
 mod provenance;
 mod replicas;
+mod takeover;

@@ -18,7 +18,7 @@ pub fn redis_url() -> String {
 }
 
 /// Fails with a clear message when Redis is not there.
-fn require_redis(url: &str) {
+pub(crate) fn require_redis(url: &str) {
     let ok = redis::Client::open(url)
         .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
         .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
@@ -30,19 +30,19 @@ fn require_redis(url: &str) {
     );
 }
 
-struct Cluster {
-    procs: Vec<Proc>,
-    mocks: Mocks,
-    dir: PathBuf,
-    client: reqwest::Client,
+pub(crate) struct Cluster {
+    pub(crate) procs: Vec<Proc>,
+    pub(crate) mocks: Mocks,
+    pub(crate) dir: PathBuf,
+    pub(crate) client: reqwest::Client,
 }
 
 impl Cluster {
-    async fn start(n: usize, spec: Spec, redis: &str) -> Cluster {
+    pub(crate) async fn start(n: usize, spec: Spec, redis: &str) -> Cluster {
         Cluster::start_with(n, spec, redis, |_| vec![]).await
     }
 
-    async fn start_with(
+    pub(crate) async fn start_with(
         n: usize,
         spec: Spec,
         redis: &str,
@@ -74,11 +74,11 @@ impl Cluster {
         }
     }
 
-    fn base(&self, i: usize) -> &str {
+    pub(crate) fn base(&self, i: usize) -> &str {
         &self.procs[i].base
     }
 
-    async fn admin_stats(&self, i: usize) -> Value {
+    pub(crate) async fn admin_stats(&self, i: usize) -> Value {
         self.client
             .get(format!("{}/v1/stats", self.base(i)))
             .bearer_auth(ADMIN)
@@ -91,7 +91,7 @@ impl Cluster {
     }
 
     /// Fires `n` requests spread round-robin over `replicas`.
-    fn fire(
+    pub(crate) fn fire(
         &self,
         replicas: &[usize],
         body: &Value,
@@ -122,7 +122,7 @@ impl Cluster {
     }
 
     /// Waits until the replicas hold `n` local followers in total.
-    async fn until_waiting(&self, replicas: &[usize], n: u64) {
+    pub(crate) async fn until_waiting(&self, replicas: &[usize], n: u64) {
         for _ in 0..1500 {
             let mut total = 0;
             for &i in replicas {
