@@ -66,6 +66,7 @@ pub fn check(h: &History) -> Vec<Violation> {
     answers_stay_with_their_tenant(h, &calls, &mut out);
     nothing_left_behind(h, &mut out);
     upstream_calls_bounded(h, &mut out);
+    one_answer_per_flight(h, &mut out);
     job_calls_bounded_by_attempts(h, &mut out);
     out
 }
@@ -532,6 +533,10 @@ fn upstream_calls_bounded(h: &History, out: &mut Vec<Violation>) {
                     permits += 1;
                     why.push(format!("replica {r} killed"));
                 }
+                FaultKind::Pause(r) => {
+                    permits += 1;
+                    why.push(format!("replica {r} paused"));
+                }
                 FaultKind::PgRestart | FaultKind::Provider(_) => {}
             }
         }
@@ -580,6 +585,75 @@ fn upstream_calls_bounded(h: &History, out: &mut Vec<Violation>) {
                     }
                     if c.outcome != CallOutcome::Completed {
                         failed.push(c);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Calls of one wave, tenant and model that overlapped in time (the later
+/// one started before the earlier one answered) belong to one flight: the
+/// later one is a take-over of a leader that died or paused. Unless Redis
+/// failed around the wave (each replica then coalesces on its own, and
+/// may answer with its own call), clients of that flight all get one
+/// answer: at most one of those calls may reach any client.
+fn one_answer_per_flight(h: &History, out: &mut Vec<Violation>) {
+    for w in &h.waves {
+        let degraded = h.faults.iter().any(|f| {
+            let reach = match f.kind {
+                FaultKind::RedisErrors { .. } => REDIS_ERROR_REACH_MS,
+                FaultKind::RedisDown => FAULT_REACH_MS,
+                _ => return false,
+            };
+            f.until_ms >= w.from_ms - reach && f.from_ms <= w.until_ms
+        });
+        if degraded {
+            continue;
+        }
+        for tenant in &w.tenants {
+            let mut groups: BTreeMap<Option<&str>, Vec<&CallRecord>> = BTreeMap::new();
+            for c in h.calls.iter().filter(|c| {
+                c.prompt == w.prompt
+                    && c.user.as_deref() == Some(*tenant)
+                    && c.outcome == CallOutcome::Completed
+            }) {
+                groups.entry(c.model.as_deref()).or_default().push(c);
+            }
+            for (model, mut list) in groups {
+                list.sort_by_key(|c| c.at_ms);
+                // Runs of overlapping calls: one flight each.
+                let mut flights: Vec<(i64, Vec<u64>)> = Vec::new();
+                for c in list {
+                    let end = c.done_ms.unwrap_or(i64::MAX);
+                    match flights.last_mut() {
+                        Some((until, seqs)) if c.at_ms < *until => {
+                            *until = (*until).max(end);
+                            seqs.push(c.seq);
+                        }
+                        _ => flights.push((end, vec![c.seq])),
+                    }
+                }
+                for (_, seqs) in flights.iter().filter(|(_, s)| s.len() > 1) {
+                    let reached: BTreeMap<u64, usize> = h
+                        .ops
+                        .iter()
+                        .filter(|o| o.tenant == *tenant && o.prompt == w.prompt)
+                        .filter_map(|o| o.seen.as_ref().map(|s| s.seq))
+                        .filter(|s| seqs.contains(s))
+                        .fold(BTreeMap::new(), |mut m, s| {
+                            *m.entry(s).or_default() += 1;
+                            m
+                        });
+                    if reached.len() > 1 {
+                        out.push(v(
+                            "one_answer_per_flight",
+                            format!(
+                                "wave {} ({tenant}, {model:?}): the overlapping calls {seqs:?} of \
+                                 one flight all reached clients (call: clients) {reached:?}",
+                                w.id
+                            ),
+                        ));
                     }
                 }
             }
@@ -758,6 +832,44 @@ mod tests {
         let mut r: Vec<&'static str> = check(h).into_iter().map(|v| v.rule).collect();
         r.dedup();
         r
+    }
+
+    /// The clean history's wave, its leader paused: a take-over (call 4)
+    /// started before the paused leader's call 3 answered.
+    fn taken_over() -> History {
+        let mut h = clean();
+        h.faults.push(Fault {
+            kind: FaultKind::Pause(1),
+            from_ms: T0 + 1000,
+            until_ms: T0 + 4000,
+        });
+        let mut late = call(3, T0 + 1010, "acme", "wave 1", "gpt-4o-mini");
+        late.done_ms = Some(T0 + 3500);
+        h.calls[2] = late;
+        h.calls
+            .push(call(4, T0 + 3100, "acme", "wave 1", "gpt-4o-mini"));
+        h.ops[4].seen = Some(seen(4, "wave 1"));
+        h.ops[5].seen = Some(seen(4, "wave 1"));
+        h
+    }
+
+    #[test]
+    fn a_takeover_whose_answer_is_everyones_passes() {
+        assert_eq!(check(&taken_over()), vec![]);
+    }
+
+    #[test]
+    fn a_late_leaders_answer_beside_the_takeovers_is_flagged() {
+        let mut h = taken_over();
+        h.ops[5].seen = Some(seen(3, "wave 1"));
+        assert_eq!(rules(&h), vec!["one_answer_per_flight"]);
+        // Around a Redis outage each replica may answer on its own.
+        h.faults.push(Fault {
+            kind: FaultKind::RedisDown,
+            from_ms: T0 + 500,
+            until_ms: T0 + 900,
+        });
+        assert_eq!(check(&h), vec![]);
     }
 
     #[test]

@@ -522,6 +522,13 @@ impl Cluster {
         }
     }
 
+    /// Sends a signal to replica `i` (if it is up).
+    pub fn signal_replica(&self, i: usize, sig: &str) {
+        if let Some(p) = &self.replicas[i].proc {
+            p.signal(sig);
+        }
+    }
+
     pub fn is_up(&self, i: usize) -> bool {
         self.replicas[i].proc.is_some()
     }

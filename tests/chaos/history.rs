@@ -165,6 +165,8 @@ pub fn prompt_of(payload: &Value) -> String {
 pub enum FaultKind {
     /// SIGKILL of a replica, until its restart.
     Kill(usize),
+    /// SIGSTOP of a replica past its leases, until its SIGCONT.
+    Pause(usize),
     /// Redis stopped, until it was started again.
     RedisDown,
     /// PostgreSQL restarted (down for the interval).

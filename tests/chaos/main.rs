@@ -353,6 +353,7 @@ fn print_figures(h: &History, start: Instant) {
     for f in injected {
         let k = match &f.kind {
             FaultKind::Kill(_) => "replica SIGKILL + restart".to_string(),
+            FaultKind::Pause(_) => "replica SIGSTOP + SIGCONT".to_string(),
             FaultKind::RedisDown => "Redis stop + start".to_string(),
             FaultKind::PgRestart => "PostgreSQL stop + start".to_string(),
             FaultKind::Provider(p) => format!("provider {p}"),

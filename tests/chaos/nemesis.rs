@@ -2,8 +2,9 @@
 //! from the seed, each printed and recorded with its interval.
 //!
 //! - infrastructure faults, one at a time: SIGKILL a replica then restart it
-//!   (on a new port), stop PostgreSQL then start it, stop the private Redis
-//!   then start it;
+//!   (on a new port), SIGSTOP a replica past its flight and attempt leases
+//!   then SIGCONT it (it comes back with its late answers), stop PostgreSQL
+//!   then start it, stop the private Redis then start it;
 //! - provider phases, all along: the mock alternates between calm (jittered
 //!   latency, so answers come back in another order than the calls went out)
 //!   and bursts of 429s with Retry-After, 500s, connection resets, and
@@ -24,16 +25,18 @@ use crate::history::{Fault, FaultKind, Recorder, now_ms};
 #[derive(Debug, Clone, Copy)]
 enum Infra {
     Kill(usize),
+    Pause(usize),
     Pg,
     Redis,
 }
 
 /// Draws the schedule: `n` faults spread over `run`, in a seeded order that
-/// covers every kind when `n >= 3`.
+/// covers every kind when `n >= 4`.
 fn schedule(rng: &mut StdRng, n: usize, run: Duration) -> Vec<(Duration, Infra)> {
     let mut kinds: Vec<Infra> = (0..n)
-        .map(|i| match i % 4 {
-            0 | 3 => Infra::Kill(rng.random_range(0..REPLICAS)),
+        .map(|i| match i % 5 {
+            0 | 4 => Infra::Kill(rng.random_range(0..REPLICAS)),
+            3 => Infra::Pause(rng.random_range(0..REPLICAS)),
             1 => Infra::Pg,
             _ => Infra::Redis,
         })
@@ -74,6 +77,9 @@ pub async fn infrastructure(
         }
         let down = Duration::from_millis(match fault {
             Infra::Pg => rng.random_range(2_000..4_000),
+            // Past the flight lease (2 s) and the attempt lease (1 s), and
+            // the followers' wait (6 s) on other replicas must not run out.
+            Infra::Pause(_) => rng.random_range(2_500..4_000),
             _ => rng.random_range(800..2_500),
         });
         let from_ms = now_ms();
@@ -86,6 +92,14 @@ pub async fn infrastructure(
                 let base = cluster.directory.get(i).unwrap_or_default();
                 say(start, &format!("replica {i} restarted at {base}"));
                 FaultKind::Kill(i)
+            }
+            Infra::Pause(i) => {
+                say(start, &format!("SIGSTOP replica {i}"));
+                cluster.signal_replica(i, "STOP");
+                tokio::time::sleep(down).await;
+                cluster.signal_replica(i, "CONT");
+                say(start, &format!("SIGCONT replica {i}"));
+                FaultKind::Pause(i)
             }
             Infra::Pg => {
                 say(start, "PostgreSQL stopped");
