@@ -519,6 +519,23 @@ mod tests {
     }
 
     #[test]
+    fn an_automatic_wait_is_one_and_a_half_p99s_clamped_to_300_ms_and_the_timeout() {
+        let (_, route) = setup_with("timeout = \"10s\"", "max_wait = \"auto\"");
+        // Nothing observed yet: as long as a leader may take.
+        assert_eq!(route.max_wait(), Duration::from_secs(10));
+        route.latency.record(Duration::from_millis(100));
+        assert_eq!(route.max_wait(), Duration::from_millis(300));
+        for _ in 0..200 {
+            route.latency.record(Duration::from_secs(2));
+        }
+        assert_eq!(route.max_wait(), Duration::from_secs(3));
+        for _ in 0..200 {
+            route.latency.record(Duration::from_secs(60));
+        }
+        assert_eq!(route.max_wait(), Duration::from_secs(10));
+    }
+
+    #[test]
     fn a_body_with_bytes_lets_its_parse_go_and_gets_it_back() {
         let b = body();
         let before = b.get().unwrap();

@@ -439,6 +439,50 @@ async fn on_wait_timeout_lead_does_not_steal_a_live_lease() {
 }
 
 #[tokio::test]
+async fn an_automatic_wait_follows_the_observed_latency_not_the_timeout() {
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            latency_ms: 50,
+            ..Behaviour::default()
+        },
+        coalesce: "max_wait = \"auto\"\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    // The route learns that its leaders answer in about 50 ms ...
+    for i in 0..5 {
+        let r = app.chat(ACME, &chat_body(&format!("warm-up {i}"))).await;
+        assert_eq!(r.status(), 200);
+    }
+    // ... so followers of a leader that hangs give up at the 300 ms floor,
+    // not at the provider's 30 s timeout, and nobody calls again.
+    app.mock.set_behaviour(Behaviour {
+        hang: true,
+        ..Behaviour::default()
+    });
+    let body = chat_body("a leader that hangs");
+    let leader = tokio::spawn({
+        let (client, url, body) = (
+            app.client.clone(),
+            app.url("/v1/chat/completions"),
+            body.clone(),
+        );
+        async move { client.post(url).bearer_auth(ACME).json(&body).send().await }
+    });
+    held(&app.mock, 1).await;
+    let started = Instant::now();
+    let results = collect(wave(&app, ACME, &body, 10).await).await;
+    let took = started.elapsed();
+    assert!(results.iter().all(|(s, _, _)| *s == 504), "{results:?}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(10),
+        "followers waited {took:?}"
+    );
+    assert_eq!(app.calls(), 6);
+    leader.abort();
+}
+
+#[tokio::test]
 async fn a_slow_fingerprint_does_not_delay_another() {
     let app = TestApp::with(Spec {
         primary: Behaviour {
