@@ -212,9 +212,9 @@ async fn when_the_leading_replica_dies_one_other_takes_over_after_the_lease() {
 }
 
 /// A private Redis server, so stopping it disturbs no other test.
-struct PrivateRedis {
+pub(crate) struct PrivateRedis {
     port: u16,
-    child: Option<std::process::Child>,
+    pub(crate) child: Option<std::process::Child>,
     dir: PathBuf,
 }
 
@@ -250,7 +250,7 @@ impl PrivateRedis {
         child
     }
 
-    fn start() -> PrivateRedis {
+    pub(crate) fn start() -> PrivateRedis {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -265,7 +265,7 @@ impl PrivateRedis {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
