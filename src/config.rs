@@ -336,10 +336,19 @@ pub struct ProviderConfig {
     /// This provider's circuit breaker, instead of `[breaker]`.
     #[serde(default)]
     pub breaker: Option<BreakerConfig>,
+    /// The largest answer (body bytes, plain or the whole stream) taken
+    /// from this provider; past it the call is a failed attempt and the
+    /// rest of the body is not read.
+    #[serde(default = "default_max_answer_bytes")]
+    pub max_answer_bytes: usize,
 }
 
 fn default_provider_timeout() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_max_answer_bytes() -> usize {
+    8 * 1024 * 1024
 }
 
 fn default_pool_idle() -> usize {
@@ -721,6 +730,12 @@ impl Config {
             if provider.timeout.is_zero() {
                 return Err(self.invalid(format!("providers[{p}].timeout"), "must be above zero"));
             }
+            if provider.max_answer_bytes == 0 {
+                return Err(self.invalid(
+                    format!("providers[{p}].max_answer_bytes"),
+                    "must be above zero",
+                ));
+            }
             if provider.context_window == Some(0) {
                 return Err(self.invalid(
                     format!("providers[{p}].context_window"),
@@ -1083,6 +1098,17 @@ targets = [{ provider = "a", model = "x", context_window = 1024 }, { provider = 
             .unwrap_err()
             .to_string();
         assert!(err.contains("routes[0].targets[0].context_window"), "{err}");
+    }
+
+    #[test]
+    fn answer_byte_limits_have_a_default_and_must_be_above_zero() {
+        let text = "[[providers]]\nname = \"a\"\nkind = \"mock\"\n\
+                    [[providers]]\nname = \"b\"\nkind = \"mock\"\nmax_answer_bytes = 65536\n";
+        let c = parse(text).unwrap();
+        assert_eq!(c.providers[0].max_answer_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.providers[1].max_answer_bytes, 65536);
+        let err = parse(&text.replace("65536", "0")).unwrap_err().to_string();
+        assert!(err.contains("providers[1].max_answer_bytes"), "{err}");
     }
 
     #[test]

@@ -166,6 +166,40 @@ impl EventSplitter {
     }
 }
 
+/// The length of the longest prefix of `bytes` that a live relay may hand
+/// on before the stream has ended: whole events, up to and including the
+/// last blank line (a line end right after a line end, LF, CRLF or CR
+/// alike), and none from the `[DONE]` event on. `bytes` must start at the
+/// start of a line.
+///
+/// Whole events, so that whatever follows (the next event, or the error
+/// event a client gets when the stream breaks off) starts an event of its
+/// own, never half a line; no `[DONE]`, so that a client reads the end of
+/// the stream only once the whole answer is known to be a completion.
+pub fn relayable_len(bytes: &[u8]) -> usize {
+    let mut cut = 0;
+    let mut i = 0;
+    while let Some(offset) = bytes[i..].iter().position(|&b| b == b'\n' || b == b'\r') {
+        let line = &bytes[i..i + offset];
+        if is_done_line(line) {
+            return cut;
+        }
+        let end = i + offset;
+        let crlf = bytes[end] == b'\r' && bytes.get(end + 1) == Some(&b'\n');
+        i = end + if crlf { 2 } else { 1 };
+        if line.is_empty() {
+            cut = i;
+        }
+    }
+    cut
+}
+
+/// True for a `data: [DONE]` line (without its line end).
+fn is_done_line(line: &[u8]) -> bool {
+    line.strip_prefix(b"data:")
+        .is_some_and(|value| value.trim_ascii() == b"[DONE]")
+}
+
 /// Parses an OpenAI chat completion SSE byte stream and assembles the
 /// equivalent non-streaming `chat.completion` object.
 ///
@@ -1100,6 +1134,48 @@ mod tests {
             assert_eq!(events, whole, "one byte at a time");
         }
         assert_eq!(events_of(TOOL_STREAM.as_bytes()).len(), 10);
+    }
+
+    #[test]
+    fn a_relay_hands_on_whole_events_and_nothing_from_done_on() {
+        assert_eq!(relayable_len(b""), 0);
+        assert_eq!(relayable_len(b"data: a"), 0);
+        assert_eq!(relayable_len(b"data: a\n"), 0);
+        assert_eq!(relayable_len(b"data: a\n\n"), 9);
+        assert_eq!(relayable_len(b"data: a\n\ndata: b\n"), 9);
+        assert_eq!(relayable_len(b"data: a\n\ndata: b\n\ndata: {\"c"), 18);
+        assert_eq!(relayable_len(b"data: a\r\n\r\ndata: b"), 11);
+        assert_eq!(relayable_len(b"data: a\r\rdata: b"), 9);
+        assert_eq!(relayable_len(b"event: x\ndata: a\n\n"), 18);
+        // A blank line at the start ends nothing, but is whole.
+        assert_eq!(relayable_len(b"\ndata: a"), 1);
+        // `[DONE]`, however spelled, waits, and so does all after it.
+        assert_eq!(relayable_len(b"data: a\n\ndata: [DONE]\n\n"), 9);
+        assert_eq!(
+            relayable_len(b"data: a\n\ndata:[DONE]\r\n\r\ndata: b\n\n"),
+            9
+        );
+        assert_eq!(relayable_len(b"data: [DONE]\n\n"), 0);
+        assert_eq!(relayable_len(b"data: [DONE] x\n\n"), 16);
+        // Every cut of a real stream: the prefix ends where an event of the
+        // whole stream ends, and the splitter reads the same events from it
+        // as from the whole stream up to there.
+        let stream = TOOL_STREAM.as_bytes();
+        let all = events_of(stream);
+        let before_done = stream.len() - "data: [DONE]\n\n".len();
+        for cut in 0..=stream.len() {
+            let n = relayable_len(&stream[..cut]);
+            assert!(n <= cut.min(before_done), "cut at {cut}");
+            let prefix = events_of(&stream[..n]);
+            assert_eq!(prefix[..], all[..prefix.len()], "cut at {cut}");
+            // Nothing past it completes an event yet (but [DONE]).
+            if cut < before_done {
+                let mut splitter = EventSplitter::new();
+                splitter.push(&stream[..n]);
+                assert!(splitter.push(&stream[n..cut]).is_empty(), "cut at {cut}");
+            }
+        }
+        assert_eq!(relayable_len(stream), before_done);
     }
 
     #[test]
