@@ -153,6 +153,9 @@ pub struct CoalescingConfig {
     pub redis_prefix: String,
     /// Most entries the in-process result cache holds.
     pub cache_capacity: u64,
+    /// Most bytes the in-process result cache holds: each answer weighs its
+    /// body (and the other forms rendered from it) plus a fixed overhead.
+    pub cache_max_bytes: u64,
     /// Timeout of each Redis operation; past it idem coalesces locally.
     #[serde(with = "humantime_serde")]
     pub redis_timeout: Duration,
@@ -169,6 +172,7 @@ impl Default for CoalescingConfig {
             backend: "memory".into(),
             redis_prefix: "idem".into(),
             cache_capacity: 100_000,
+            cache_max_bytes: 256 * 1024 * 1024,
             redis_timeout: Duration::from_millis(250),
             redis_poll: Duration::from_millis(500),
         }
@@ -630,6 +634,9 @@ impl Config {
             || url.starts_with("postgresql://"))
         {
             return Err(self.invalid("storage.url", "expected sqlite://FILE or postgres://..."));
+        }
+        if self.coalescing.cache_max_bytes == 0 {
+            return Err(self.invalid("coalescing.cache_max_bytes", "must be above zero"));
         }
         let backend = &self.coalescing.backend;
         if backend != "memory"
@@ -1101,14 +1108,21 @@ targets = [{ provider = "a", model = "x", context_window = 1024 }, { provider = 
     }
 
     #[test]
-    fn answer_byte_limits_have_a_default_and_must_be_above_zero() {
+    fn answer_and_cache_byte_limits_have_defaults_and_must_be_above_zero() {
         let text = "[[providers]]\nname = \"a\"\nkind = \"mock\"\n\
                     [[providers]]\nname = \"b\"\nkind = \"mock\"\nmax_answer_bytes = 65536\n";
         let c = parse(text).unwrap();
         assert_eq!(c.providers[0].max_answer_bytes, 8 * 1024 * 1024);
         assert_eq!(c.providers[1].max_answer_bytes, 65536);
+        assert_eq!(c.coalescing.cache_max_bytes, 256 * 1024 * 1024);
         let err = parse(&text.replace("65536", "0")).unwrap_err().to_string();
         assert!(err.contains("providers[1].max_answer_bytes"), "{err}");
+        let c = parse("[coalescing]\ncache_max_bytes = 1048576\n").unwrap();
+        assert_eq!(c.coalescing.cache_max_bytes, 1048576);
+        let err = parse("[coalescing]\ncache_max_bytes = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("coalescing.cache_max_bytes"), "{err}");
     }
 
     #[test]
