@@ -335,9 +335,10 @@ async fn call(
     let mut body = reply.body;
     let mut whole = BytesMut::new();
     // How much of `whole` the flight has: whole events, and `[DONE]` only
-    // once the answer is known to be a completion (see
-    // `sse::relayable_len`). A client whose stream breaks off or turns out
-    // to be garbage gets an error event of its own after them.
+    // once the answer is known to be a completion (see `RelayPoint`). A
+    // client whose stream breaks off or turns out to be garbage gets an
+    // error event of its own after them.
+    let mut point = crate::sse::RelayPoint::default();
     let mut relayed = 0;
     while let Some(chunk) = body.next().await {
         match chunk {
@@ -363,7 +364,7 @@ async fn call(
                 let start = whole.len();
                 whole.extend_from_slice(&bytes);
                 if streaming {
-                    let cut = relayed + crate::sse::relayable_len(&whole[relayed..]);
+                    let cut = point.advance(&whole);
                     if cut > relayed {
                         flight.push(if relayed == start {
                             bytes.slice(..cut - start)
