@@ -815,3 +815,51 @@ async fn pad_bytes_grows_plain_and_streamed_answers_to_the_size_asked() {
     // The padding streams as many chunks, not one.
     assert!(events(&body).len() > 50, "{} events", events(&body).len());
 }
+
+#[tokio::test]
+async fn the_control_api_takes_garbage_and_pad_bytes() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let url = format!("http://{}/_mock/behaviour", server.addr());
+    let patched: Behaviour = client
+        .patch(&url)
+        .json(&json!({"garbage": "empty_choices", "pad_bytes": 4096}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(patched.garbage, Some(Garbage::EmptyChoices));
+    assert_eq!(patched.pad_bytes, Some(4096));
+    let answer: Value = post(&client, &server, &chat("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["choices"], json!([]));
+    let response = client
+        .patch(&url)
+        .json(&json!({"garbage": "nonsense"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let patched: Behaviour = client
+        .patch(&url)
+        .json(&json!({"garbage": null}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(patched.garbage, None);
+    let body = post(&client, &server, &chat("q"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(body.len() >= 4096, "{}", body.len());
+    server.shutdown().await;
+}
