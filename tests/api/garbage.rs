@@ -324,3 +324,33 @@ async fn the_gateway_stops_reading_an_answer_at_the_limit() {
         "the whole answer was read"
     );
 }
+
+#[tokio::test]
+async fn certification_stops_reading_an_answer_at_the_limit_too() {
+    let contract =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/contracts/support.toml");
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            pad_bytes: Some(2 * LIMIT),
+            ..Behaviour::default()
+        },
+        route: format!("contract = {:?}\n", contract.display().to_string()),
+        provider_extra: format!("max_answer_bytes = {LIMIT}\n"),
+        ..Spec::default()
+    })
+    .await;
+    let r = app
+        .post_json(
+            ADMIN,
+            "/v1/admin/certify",
+            &json!({"route": "bot", "target": "primary"}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["passed"], false, "{v}");
+    let run = &v["reports"][0]["cases"][0]["runs"][0];
+    let error = run["error"].as_str().unwrap_or_default();
+    assert!(error.contains("max_answer_bytes"), "{v}");
+}
