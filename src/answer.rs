@@ -7,6 +7,10 @@
 //! [`Verdict`] classifies it the way SPEC section 5 does (`succeeded`,
 //! `failed`: the provider certainly did not do the work, `unknown`: it may
 //! have), and [`Answer::negative_ttl`] applies the cache table of section 4.
+//! [`Answer::malformed`] says why a provider's 2xx is not a chat completion
+//! at all (not JSON, cut short, an error object, no choices): such an answer
+//! becomes a failure ([`Answer::into_bad`]) before anybody sees it as a
+//! success.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -14,9 +18,12 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use reqwest::StatusCode;
 
+use serde_json::Value;
+
 use crate::config::RouteCache;
 use crate::http::error::error_body;
 use crate::providers::CallError;
+use crate::sse::SseError;
 
 /// The form of a body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +45,59 @@ pub enum Failure {
     LeaderLost,
     /// The answer broke the route's contract.
     Contract,
+    /// A 2xx whose body is not a well-formed chat completion.
+    BadAnswer,
+    /// The answer grew past its provider's `max_answer_bytes`.
+    TooLarge,
+}
+
+/// Why a provider's 2xx answer is not a well-formed chat completion.
+#[derive(Debug, thiserror::Error)]
+pub enum Malformed {
+    #[error("the body is empty")]
+    Empty,
+    #[error("the body is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("the body is not a JSON object")]
+    NotAnObject,
+    #[error("the body is an error object")]
+    ErrorObject,
+    #[error("the answer has no choices")]
+    NoChoices,
+    #[error("choice {0} has no message")]
+    NoMessage(usize),
+    #[error("the stream is not a whole chat completion: {0}")]
+    Stream(#[source] SseError),
+}
+
+/// Checks the shape every chat completion has: an object without an
+/// `error`, with at least one choice, each with a message.
+fn check_completion(v: &Value) -> Result<(), Malformed> {
+    let object = v.as_object().ok_or(Malformed::NotAnObject)?;
+    if object.get("error").is_some_and(|e| !e.is_null()) {
+        return Err(Malformed::ErrorObject);
+    }
+    let choices = object
+        .get("choices")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+        .ok_or(Malformed::NoChoices)?;
+    match choices
+        .iter()
+        .position(|c| !c.get("message").is_some_and(Value::is_object))
+    {
+        Some(i) => Err(Malformed::NoMessage(i)),
+        None => Ok(()),
+    }
+}
+
+/// The provider's token counts in a completion, if it has them.
+fn usage_of(v: &Value) -> Option<(u64, u64)> {
+    let u = v.get("usage")?;
+    Some((
+        u.get("prompt_tokens")?.as_u64()?,
+        u.get("completion_tokens")?.as_u64()?,
+    ))
 }
 
 /// How an attempt ended (SPEC section 5).
@@ -94,6 +154,8 @@ impl Answer {
             Failure::Broken => (StatusCode::BAD_GATEWAY, "upstream_connection_lost"),
             Failure::LeaderLost => (StatusCode::BAD_GATEWAY, "leader_lost"),
             Failure::Contract => (StatusCode::BAD_GATEWAY, "contract_violation"),
+            Failure::BadAnswer => (StatusCode::BAD_GATEWAY, "bad_upstream_answer"),
+            Failure::TooLarge => (StatusCode::BAD_GATEWAY, "upstream_answer_too_large"),
         };
         let body = error_body(message, "upstream_error", code, None);
         Answer {
@@ -130,6 +192,62 @@ impl Answer {
         self.failure.is_none() && self.status.is_success()
     }
 
+    /// Why this success is not a well-formed chat completion, or `None`
+    /// (also for anything that is not a success: an error body need not be
+    /// a completion). A streamed answer is assembled here once, and its
+    /// plain form kept for whoever asks for it next.
+    pub fn malformed(&self) -> Option<Malformed> {
+        if !self.is_success() {
+            return None;
+        }
+        let completion = match self.form {
+            Form::Plain if self.body.is_empty() => return Some(Malformed::Empty),
+            Form::Plain => match serde_json::from_slice::<Value>(&self.body) {
+                Ok(v) => v,
+                Err(e) => return Some(Malformed::NotJson(e)),
+            },
+            Form::Stream => match crate::sse::assemble(&self.body) {
+                Ok(v) => v,
+                Err(e) => return Some(Malformed::Stream(e)),
+            },
+        };
+        if let Err(why) = check_completion(&completion) {
+            return Some(why);
+        }
+        let _ = self.rendered.usage.set(usage_of(&completion));
+        if self.form == Form::Stream {
+            let _ = self.rendered.plain.set(Bytes::from(completion.to_string()));
+        }
+        None
+    }
+
+    /// This answer replaced by a [`Failure::BadAnswer`] that says `why`.
+    pub fn into_bad(self, why: &Malformed) -> Answer {
+        let message = format!(
+            "provider {} answered with something that is not a chat completion: {why}",
+            self.provider
+        );
+        let mut bad = Answer::from_failure(Failure::BadAnswer, &message, self.provider, self.model);
+        bad.upstream_latency = self.upstream_latency;
+        bad
+    }
+
+    /// The bytes this answer holds: its body, the forms rendered so far,
+    /// its names. What the result cache weighs it by (plus its own
+    /// bookkeeping).
+    pub fn size_bytes(&self) -> usize {
+        let rendered = [
+            self.rendered.plain.get(),
+            self.rendered.stream.get(),
+            self.rendered.stream_with_usage.get(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(Bytes::len)
+        .sum::<usize>();
+        self.body.len() + rendered + self.provider.len() + self.model.len()
+    }
+
     /// SPEC section 5's classification of an attempt's outcome.
     pub fn verdict(&self) -> Verdict {
         match self.failure {
@@ -138,6 +256,10 @@ impl Answer {
             Some(Failure::Broken) => return Verdict::Unknown("connection_lost"),
             Some(Failure::LeaderLost) => return Verdict::Unknown("leader_lost"),
             Some(Failure::Contract) => return Verdict::Failed("contract_violation"),
+            // The provider answered, and its answer cannot be used: a
+            // retry (or the next target) is the only way to a result.
+            Some(Failure::BadAnswer) => return Verdict::Failed("bad_upstream_answer"),
+            Some(Failure::TooLarge) => return Verdict::Failed("upstream_answer_too_large"),
             None => {}
         }
         match self.status.as_u16() {
@@ -172,7 +294,12 @@ impl Answer {
         };
         match self.failure {
             Some(Failure::Timeout) => rate_limited(),
-            Some(Failure::Broken) | Some(Failure::Connect) => Some(policy.server_error_ttl),
+            // A provider that answers garbage, or an answer that large, is
+            // likely to do so again at once: kept like a 5xx, so waiters
+            // do not pay for it again and again.
+            Some(Failure::Broken | Failure::Connect | Failure::BadAnswer | Failure::TooLarge) => {
+                Some(policy.server_error_ttl)
+            }
             // idem's own trouble is not the provider's: never cached.
             Some(Failure::LeaderLost) | Some(Failure::Contract) => None,
             None => match self.status.as_u16() {
@@ -231,20 +358,19 @@ impl Answer {
     pub fn completion_json(&self) -> Option<serde_json::Value> {
         match self.form {
             Form::Plain => serde_json::from_slice(&self.body).ok(),
-            Form::Stream => crate::sse::assemble(&self.body).ok(),
+            Form::Stream => match self.rendered.plain.get() {
+                Some(plain) => serde_json::from_slice(plain).ok(),
+                None => crate::sse::assemble(&self.body).ok(),
+            },
         }
     }
 
     /// Token counts reported by the provider, if any (parsed once).
     pub fn usage(&self) -> Option<(u64, u64)> {
-        *self.rendered.usage.get_or_init(|| {
-            let v = self.completion_json()?;
-            let u = v.get("usage")?;
-            Some((
-                u.get("prompt_tokens")?.as_u64()?,
-                u.get("completion_tokens")?.as_u64()?,
-            ))
-        })
+        *self
+            .rendered
+            .usage
+            .get_or_init(|| usage_of(&self.completion_json()?))
     }
 }
 
@@ -275,6 +401,8 @@ impl Failure {
             Failure::Broken => "broken",
             Failure::LeaderLost => "leader_lost",
             Failure::Contract => "contract",
+            Failure::BadAnswer => "bad_answer",
+            Failure::TooLarge => "too_large",
         }
     }
 
@@ -285,6 +413,8 @@ impl Failure {
             Failure::Broken,
             Failure::LeaderLost,
             Failure::Contract,
+            Failure::BadAnswer,
+            Failure::TooLarge,
         ]
         .into_iter()
         .find(|f| f.as_str() == s)
@@ -415,6 +545,132 @@ mod tests {
             Some(Failure::Timeout)
         );
         assert!(Answer::from_wire(b"garbage").is_none());
+    }
+
+    fn success(form: Form, body: &str) -> Answer {
+        let mut a = answer(200, None, None);
+        a.form = form;
+        a.body = Bytes::from(body.to_string());
+        a
+    }
+
+    const GOOD: &str = r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+
+    #[test]
+    fn a_success_that_is_no_chat_completion_is_malformed() {
+        assert!(success(Form::Plain, GOOD).malformed().is_none());
+        let plain = |body: &str| success(Form::Plain, body).malformed();
+        assert!(matches!(plain(""), Some(Malformed::Empty)));
+        assert!(matches!(
+            plain("<html>502</html>"),
+            Some(Malformed::NotJson(_))
+        ));
+        assert!(matches!(
+            plain(&GOOD[..GOOD.len() / 2]),
+            Some(Malformed::NotJson(_))
+        ));
+        assert!(matches!(plain("[1, 2]"), Some(Malformed::NotAnObject)));
+        assert!(matches!(
+            plain(r#"{"error": {"message": "overloaded", "type": "server_error"}}"#),
+            Some(Malformed::ErrorObject)
+        ));
+        assert!(matches!(
+            plain(r#"{"object": "chat.completion", "choices": []}"#),
+            Some(Malformed::NoChoices)
+        ));
+        assert!(matches!(
+            plain(r#"{"object": "chat.completion"}"#),
+            Some(Malformed::NoChoices)
+        ));
+        assert!(matches!(
+            plain(r#"{"choices": [{"index": 0, "text": "legacy"}]}"#),
+            Some(Malformed::NoMessage(0))
+        ));
+        // `"error": null` is no error.
+        let with_null_error = GOOD.replacen('{', r#"{"error":null,"#, 1);
+        assert!(plain(&with_null_error).is_none());
+
+        let stream = |body: &str| success(Form::Stream, body).malformed();
+        let chunk = |delta: &str, finish: &str| {
+            format!(
+                "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+            )
+        };
+        let whole = format!(
+            "{}{}{}data: [DONE]\n\n",
+            chunk(r#"{"role":"assistant","content":""}"#, "null"),
+            chunk(r#"{"content":"hi"}"#, "null"),
+            chunk("{}", "\"stop\"")
+        );
+        let ok = success(Form::Stream, &whole);
+        assert!(ok.malformed().is_none());
+        // The plain form was assembled once, on the way.
+        assert!(ok.rendered.plain.get().is_some());
+        assert_eq!(
+            ok.completion_json().unwrap()["choices"][0]["message"]["content"],
+            "hi"
+        );
+        let without_done = format!(
+            "{}{}",
+            chunk(r#"{"role":"assistant","content":""}"#, "null"),
+            chunk(r#"{"content":"hi"}"#, "null")
+        );
+        assert!(matches!(
+            stream(&without_done),
+            Some(Malformed::Stream(SseError::Truncated))
+        ));
+        assert!(matches!(
+            stream(""),
+            Some(Malformed::Stream(SseError::Empty))
+        ));
+        let no_choices = "data: {\"id\":\"c\",\"choices\":[]}\n\ndata: [DONE]\n\n";
+        assert!(matches!(stream(no_choices), Some(Malformed::NoChoices)));
+        let error = format!(
+            "{}data: {{\"error\":{{\"message\":\"x\"}}}}\n\n",
+            chunk("{}", "null")
+        );
+        assert!(matches!(
+            stream(&error),
+            Some(Malformed::Stream(SseError::Upstream(_)))
+        ));
+
+        // Errors are not checked: their body need not be a completion.
+        let mut e = answer(500, None, None);
+        e.body = Bytes::from_static(b"<html>oops</html>");
+        assert!(e.malformed().is_none());
+    }
+
+    #[test]
+    fn a_bad_answer_is_a_failed_attempt_cached_like_a_5xx() {
+        let p = RouteCache::default();
+        let bad = success(Form::Plain, "<html>").into_bad(&Malformed::Empty);
+        assert_eq!(bad.status, StatusCode::BAD_GATEWAY);
+        assert!(!bad.is_success() && !bad.is_request_error());
+        assert_eq!(bad.verdict(), Verdict::Failed("bad_upstream_answer"));
+        assert_eq!(bad.negative_ttl(&p), Some(p.server_error_ttl));
+        let body: Value = serde_json::from_slice(&bad.body).unwrap();
+        assert_eq!(body["error"]["code"], "bad_upstream_answer");
+        assert_eq!(body["error"]["type"], "upstream_error");
+        let big = Answer::from_failure(Failure::TooLarge, "big", "p".into(), "m".into());
+        assert_eq!(big.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(big.verdict(), Verdict::Failed("upstream_answer_too_large"));
+        assert_eq!(big.negative_ttl(&p), Some(p.server_error_ttl));
+        let body: Value = serde_json::from_slice(&big.body).unwrap();
+        assert_eq!(body["error"]["code"], "upstream_answer_too_large");
+        // Both cross replicas as what they are.
+        for f in [Failure::BadAnswer, Failure::TooLarge] {
+            let a = Answer::from_failure(f, "x", "p".into(), "m".into());
+            assert_eq!(Answer::from_wire(&a.to_wire()).unwrap().failure, Some(f));
+        }
+    }
+
+    #[test]
+    fn an_answer_weighs_its_body_and_its_rendered_forms() {
+        let a = success(Form::Plain, GOOD);
+        let bare = a.size_bytes();
+        assert_eq!(bare, GOOD.len() + 2);
+        let stream = a.stream_body(false);
+        assert_eq!(a.size_bytes(), bare + stream.len());
     }
 
     #[test]

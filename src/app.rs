@@ -57,7 +57,10 @@ impl App {
         if let Err(e) = crate::contracts::registry::refresh(&*store, &routes).await {
             tracing::warn!(error = %e, "cannot read certifications: no fallback counts as certified yet");
         }
-        let cache = Arc::new(ResultCache::new(config.coalescing.cache_capacity));
+        let cache = Arc::new(ResultCache::new(
+            config.coalescing.cache_capacity,
+            config.coalescing.cache_max_bytes,
+        ));
         crate::cache::spawn_housekeeper(&cache, crate::cache::HOUSEKEEPING_EVERY)
             .context("cannot start the cache upkeep thread")?;
         let coalescer = Coalescer::new(cache, metrics.clone());

@@ -6,7 +6,9 @@
 //! Entries live in [`moka`] caches with a per-entry expiry. Successes are
 //! keyed by fingerprint; failures by fingerprint and target, since a failure
 //! belongs to the provider that produced it and the next target may still
-//! answer. A success may outlive its TTL by `cache.stale_grace` when the
+//! answer. Both are bounded in entries and in bytes: each entry weighs what
+//! its answer holds plus a fixed overhead, so a few large answers cannot
+//! take the memory that the entry count was meant to bound. A success may outlive its TTL by `cache.stale_grace` when the
 //! route serves stale answers on wait timeouts.
 //!
 //! moka does its upkeep (expiring and evicting entries) inside whichever
@@ -35,6 +37,10 @@ struct Entry {
     /// Total life in the cache (fresh plus stale grace).
     life: Duration,
 }
+
+/// What an entry costs beside its answer's bytes: the answer's and the
+/// entry's own fields, the key, moka's bookkeeping.
+pub const ENTRY_OVERHEAD: u64 = 512;
 
 struct PerEntry;
 
@@ -81,14 +87,28 @@ struct Sharded<K> {
     shards: Vec<Cache<K, Entry>>,
 }
 
+/// An entry's weight: its answer's bytes plus [`ENTRY_OVERHEAD`], and at
+/// least `floor` (see [`Sharded::new`]).
+fn weight(entry: &Entry, floor: u64) -> u32 {
+    let bytes = u64::try_from(entry.answer.size_bytes()).unwrap_or(u64::MAX);
+    let weight = bytes.saturating_add(ENTRY_OVERHEAD).max(floor);
+    u32::try_from(weight).unwrap_or(u32::MAX)
+}
+
 impl<K: std::hash::Hash + Eq + Send + Sync + 'static> Sharded<K> {
-    fn new(capacity: u64) -> Sharded<K> {
-        let each = capacity.div_ceil(SHARDS as u64).max(1);
+    /// At most `capacity` entries and `max_bytes` bytes. moka bounds one
+    /// weight: the bytes, with every entry weighing at least
+    /// `max_bytes / capacity`, so that small entries are bounded by their
+    /// number as before.
+    fn new(capacity: u64, max_bytes: u64) -> Sharded<K> {
+        let each = max_bytes.div_ceil(SHARDS as u64).max(1);
+        let floor = max_bytes / capacity.max(1);
         Sharded {
             shards: (0..SHARDS)
                 .map(|_| {
                     Cache::builder()
                         .max_capacity(each)
+                        .weigher(move |_: &K, entry: &Entry| weight(entry, floor))
                         .expire_after(PerEntry)
                         .build()
                 })
@@ -116,6 +136,10 @@ impl<K: std::hash::Hash + Eq + Send + Sync + 'static> Sharded<K> {
     fn entry_count(&self) -> u64 {
         self.shards.iter().map(Cache::entry_count).sum()
     }
+
+    fn weighted_size(&self) -> u64 {
+        self.shards.iter().map(Cache::weighted_size).sum()
+    }
 }
 
 /// The result and negative caches of one gateway (memory backend).
@@ -125,10 +149,13 @@ pub struct ResultCache {
 }
 
 impl ResultCache {
-    pub fn new(capacity: u64) -> ResultCache {
+    /// At most `capacity` answers and `max_bytes` bytes of them; the
+    /// negative cache holds at most a quarter as many besides (and at
+    /// least 256 entries).
+    pub fn new(capacity: u64, max_bytes: u64) -> ResultCache {
         ResultCache {
-            answers: Sharded::new(capacity),
-            negative: Sharded::new(capacity.max(1024) / 4),
+            answers: Sharded::new(capacity, max_bytes),
+            negative: Sharded::new(capacity.max(1024) / 4, max_bytes / 4),
         }
     }
 
@@ -190,6 +217,12 @@ impl ResultCache {
     /// Entries held (moka's count: exact once upkeep has run).
     pub fn entry_count(&self) -> u64 {
         self.answers.entry_count() + self.negative.entry_count()
+    }
+
+    /// The weight of the answers held, in bytes (exact once upkeep has
+    /// run).
+    pub fn answer_bytes(&self) -> u64 {
+        self.answers.weighted_size()
     }
 
     pub fn negative(&self, fp: &Fingerprint, target: usize) -> Option<(Arc<Answer>, Duration)> {
@@ -276,7 +309,7 @@ mod tests {
 
     #[test]
     fn the_housekeeper_expires_entries_without_any_cache_call_and_stops_with_the_cache() {
-        let cache = Arc::new(ResultCache::new(1_000));
+        let cache = Arc::new(ResultCache::new(1_000, 1 << 30));
         let fp = crate::fingerprint::Fingerprint::from_bytes([7; 32]);
         cache.put_negative(fp, 0, answer(), Duration::from_millis(30));
         cache.run_pending_tasks();
@@ -314,7 +347,7 @@ mod tests {
     #[test]
     fn the_shards_together_keep_to_the_configured_capacity() {
         // (the negative cache holds a quarter of the capacity: 1,000)
-        let cache = ResultCache::new(4_000);
+        let cache = ResultCache::new(4_000, 1 << 30);
         for i in 0u32..10_000 {
             let mut bytes = [0; 32];
             bytes[..4].copy_from_slice(&i.to_le_bytes());
@@ -325,6 +358,63 @@ mod tests {
         let held = cache.entry_count();
         // Each shard rounds its share up: at most SHARDS - 1 over.
         assert!((500..1_000 + SHARDS as u64).contains(&held), "held {held}");
+    }
+
+    fn fp_of(i: u32) -> Fingerprint {
+        Fingerprint::from_bytes(*blake3::hash(&i.to_le_bytes()).as_bytes())
+    }
+
+    /// A success whose body is `bytes` long.
+    fn answer_of(bytes: usize) -> Arc<Answer> {
+        let mut a =
+            Answer::from_failure(crate::answer::Failure::Timeout, "", "p".into(), "m".into());
+        a.failure = None;
+        a.status = reqwest::StatusCode::OK;
+        a.body = bytes::Bytes::from(vec![b'x'; bytes]);
+        Arc::new(a)
+    }
+
+    #[test]
+    fn answers_weigh_their_bytes_and_the_cache_keeps_to_its_byte_bound() {
+        let route = crate::config::RouteConfig {
+            model: "m".into(),
+            targets: Vec::new(),
+            normalize: Default::default(),
+            scope: Default::default(),
+            contract: None,
+            ignore_fields: Vec::new(),
+            cache: Default::default(),
+            coalesce: Default::default(),
+            attempts: Default::default(),
+        };
+        let ttl = Duration::from_secs(60);
+        // 16 shards of 64 KiB; a 10 KiB answer weighs its bytes (the entry
+        // count, 10,000, would allow all of them).
+        let max_bytes = 1 << 20;
+        let cache = ResultCache::new(10_000, max_bytes);
+        let one = answer_of(10 * 1024);
+        let weight = (one.size_bytes() as u64) + ENTRY_OVERHEAD;
+        cache.put(fp_of(0), one, ttl, &route);
+        cache.run_pending_tasks();
+        assert_eq!(cache.answer_bytes(), weight);
+        // 400 of them (4 MiB) do not fit in 1 MiB: evicted down to it.
+        for i in 1..400 {
+            cache.put(fp_of(i), answer_of(10 * 1024), ttl, &route);
+        }
+        cache.run_pending_tasks();
+        let (held, bytes) = (cache.entry_count(), cache.answer_bytes());
+        assert!(bytes <= max_bytes, "{bytes} bytes held");
+        assert_eq!(bytes, held * weight);
+        assert!((50..=max_bytes / weight).contains(&held), "{held} held");
+        // Small answers are still bounded by their number: each weighs at
+        // least max_bytes / capacity.
+        let cache = ResultCache::new(100, max_bytes);
+        for i in 0..1_000 {
+            cache.put(fp_of(i), answer_of(10), ttl, &route);
+        }
+        cache.run_pending_tasks();
+        let held = cache.entry_count();
+        assert!((50..=100 + SHARDS as u64).contains(&held), "{held} held");
     }
 
     #[test]

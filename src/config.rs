@@ -153,6 +153,9 @@ pub struct CoalescingConfig {
     pub redis_prefix: String,
     /// Most entries the in-process result cache holds.
     pub cache_capacity: u64,
+    /// Most bytes the in-process result cache holds: each answer weighs its
+    /// body (and the other forms rendered from it) plus a fixed overhead.
+    pub cache_max_bytes: u64,
     /// Timeout of each Redis operation; past it idem coalesces locally.
     #[serde(with = "humantime_serde")]
     pub redis_timeout: Duration,
@@ -169,6 +172,7 @@ impl Default for CoalescingConfig {
             backend: "memory".into(),
             redis_prefix: "idem".into(),
             cache_capacity: 100_000,
+            cache_max_bytes: 256 * 1024 * 1024,
             redis_timeout: Duration::from_millis(250),
             redis_poll: Duration::from_millis(500),
         }
@@ -336,10 +340,19 @@ pub struct ProviderConfig {
     /// This provider's circuit breaker, instead of `[breaker]`.
     #[serde(default)]
     pub breaker: Option<BreakerConfig>,
+    /// The largest answer (body bytes, plain or the whole stream) taken
+    /// from this provider; past it the call is a failed attempt and the
+    /// rest of the body is not read.
+    #[serde(default = "default_max_answer_bytes")]
+    pub max_answer_bytes: usize,
 }
 
 fn default_provider_timeout() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_max_answer_bytes() -> usize {
+    8 * 1024 * 1024
 }
 
 fn default_pool_idle() -> usize {
@@ -622,6 +635,9 @@ impl Config {
         {
             return Err(self.invalid("storage.url", "expected sqlite://FILE or postgres://..."));
         }
+        if self.coalescing.cache_max_bytes == 0 {
+            return Err(self.invalid("coalescing.cache_max_bytes", "must be above zero"));
+        }
         let backend = &self.coalescing.backend;
         if backend != "memory"
             && !backend.starts_with("redis://")
@@ -720,6 +736,12 @@ impl Config {
             }
             if provider.timeout.is_zero() {
                 return Err(self.invalid(format!("providers[{p}].timeout"), "must be above zero"));
+            }
+            if provider.max_answer_bytes == 0 {
+                return Err(self.invalid(
+                    format!("providers[{p}].max_answer_bytes"),
+                    "must be above zero",
+                ));
             }
             if provider.context_window == Some(0) {
                 return Err(self.invalid(
@@ -1083,6 +1105,24 @@ targets = [{ provider = "a", model = "x", context_window = 1024 }, { provider = 
             .unwrap_err()
             .to_string();
         assert!(err.contains("routes[0].targets[0].context_window"), "{err}");
+    }
+
+    #[test]
+    fn answer_and_cache_byte_limits_have_defaults_and_must_be_above_zero() {
+        let text = "[[providers]]\nname = \"a\"\nkind = \"mock\"\n\
+                    [[providers]]\nname = \"b\"\nkind = \"mock\"\nmax_answer_bytes = 65536\n";
+        let c = parse(text).unwrap();
+        assert_eq!(c.providers[0].max_answer_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.providers[1].max_answer_bytes, 65536);
+        assert_eq!(c.coalescing.cache_max_bytes, 256 * 1024 * 1024);
+        let err = parse(&text.replace("65536", "0")).unwrap_err().to_string();
+        assert!(err.contains("providers[1].max_answer_bytes"), "{err}");
+        let c = parse("[coalescing]\ncache_max_bytes = 1048576\n").unwrap();
+        assert_eq!(c.coalescing.cache_max_bytes, 1048576);
+        let err = parse("[coalescing]\ncache_max_bytes = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("coalescing.cache_max_bytes"), "{err}");
     }
 
     #[test]

@@ -148,6 +148,10 @@ pub struct Metrics {
     routes: HashMap<String, RouteHandles>,
     tenants: HashMap<String, Arc<TenantStats>>,
     upstream: DashMap<(Arc<str>, u16), Counter>,
+    /// Per configured provider: 2xx answers that were no chat completion.
+    bad_answers: HashMap<String, Counter>,
+    /// Per configured provider: answers past its `max_answer_bytes`.
+    too_large: HashMap<String, Counter>,
     attempts: DashMap<(Arc<str>, &'static str), Counter>,
     pub inflight_flights: Gauge,
     pub jobs_unknown: Gauge,
@@ -240,6 +244,15 @@ impl Metrics {
         if config.tenants.is_empty() {
             tenants.insert(ANONYMOUS_TENANT.into(), Arc::new(TenantStats::default()));
         }
+        let per_provider = |name: &'static str| -> HashMap<String, Counter> {
+            config
+                .providers
+                .iter()
+                .map(|p| (p.name.clone(), counter(name, &[("provider", &p.name)])))
+                .collect()
+        };
+        let bad_answers = per_provider("idem_bad_upstream_answers_total");
+        let too_large = per_provider("idem_upstream_answers_too_large_total");
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &meta);
         let inflight_flights = gauge("idem_inflight_flights");
         let jobs_unknown = gauge("idem_jobs_unknown");
@@ -265,6 +278,8 @@ impl Metrics {
             routes,
             tenants,
             upstream: DashMap::new(),
+            bad_answers,
+            too_large,
             attempts: DashMap::new(),
             inflight_flights,
             jobs_unknown,
@@ -301,6 +316,14 @@ impl Metrics {
         d(
             "idem_saved_upstream_calls_total",
             "Requests answered without their own upstream call.",
+        );
+        d(
+            "idem_bad_upstream_answers_total",
+            "Provider answers with a 2xx status that were not a chat completion (not JSON, cut short, an error object, no choices), by provider.",
+        );
+        d(
+            "idem_upstream_answers_too_large_total",
+            "Provider answers larger than the provider's max_answer_bytes, by provider.",
         );
         d(
             "idem_attempts_total",
@@ -457,6 +480,20 @@ impl Metrics {
         counter.increment(1);
         if let Some(t) = self.tenant(tenant) {
             t.upstream_calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A provider's 2xx answer was not a chat completion.
+    pub fn bad_upstream_answer(&self, provider: &str) {
+        if let Some(c) = self.bad_answers.get(provider) {
+            c.increment(1);
+        }
+    }
+
+    /// A provider's answer grew past its `max_answer_bytes`.
+    pub fn upstream_answer_too_large(&self, provider: &str) {
+        if let Some(c) = self.too_large.get(provider) {
+            c.increment(1);
         }
     }
 

@@ -166,6 +166,71 @@ impl EventSplitter {
     }
 }
 
+/// How much of a live stream a relay may hand on before the stream has
+/// ended: whole events, up to and including the last blank line (a line
+/// end right after a line end, LF, CRLF or CR alike), and none from the
+/// `[DONE]` event on.
+///
+/// Whole events, so that whatever follows (the next event, or the error
+/// event a client gets when the stream breaks off) starts an event of its
+/// own, never half a line; no `[DONE]`, so that a client reads the end of
+/// the stream only once the whole answer is known to be a completion.
+///
+/// It reads each byte once however the stream is cut: [`RelayPoint::advance`]
+/// takes the whole stream so far and carries on where it stopped.
+#[derive(Debug, Default)]
+pub struct RelayPoint {
+    /// The end of the last blank line: what may be handed on.
+    cut: usize,
+    /// Where the current line starts.
+    line_start: usize,
+    /// How far the current line has been searched for its end.
+    searched: usize,
+    /// A `[DONE]` line was found: nothing more may be handed on.
+    done: bool,
+}
+
+impl RelayPoint {
+    /// `stream` is everything received so far (each call's a prefix of the
+    /// next one's); returns how many of its bytes may be handed on.
+    pub fn advance(&mut self, stream: &[u8]) -> usize {
+        while !self.done {
+            let Some(offset) = stream[self.searched..]
+                .iter()
+                .position(|&b| b == b'\n' || b == b'\r')
+            else {
+                self.searched = stream.len();
+                break;
+            };
+            let end = self.searched + offset;
+            if stream[end] == b'\r' && end + 1 == stream.len() {
+                // The first half of a CRLF, perhaps: wait for the next byte.
+                self.searched = end;
+                break;
+            }
+            let line = &stream[self.line_start..end];
+            if is_done_line(line) {
+                self.done = true;
+                break;
+            }
+            let crlf = stream[end] == b'\r' && stream.get(end + 1) == Some(&b'\n');
+            let next = end + if crlf { 2 } else { 1 };
+            if line.is_empty() {
+                self.cut = next;
+            }
+            self.line_start = next;
+            self.searched = next;
+        }
+        self.cut
+    }
+}
+
+/// True for a `data: [DONE]` line (without its line end).
+fn is_done_line(line: &[u8]) -> bool {
+    line.strip_prefix(b"data:")
+        .is_some_and(|value| value.trim_ascii() == b"[DONE]")
+}
+
 /// Parses an OpenAI chat completion SSE byte stream and assembles the
 /// equivalent non-streaming `chat.completion` object.
 ///
@@ -1100,6 +1165,60 @@ mod tests {
             assert_eq!(events, whole, "one byte at a time");
         }
         assert_eq!(events_of(TOOL_STREAM.as_bytes()).len(), 10);
+    }
+
+    fn relayable_len(stream: &[u8]) -> usize {
+        RelayPoint::default().advance(stream)
+    }
+
+    #[test]
+    fn a_relay_hands_on_whole_events_and_nothing_from_done_on() {
+        assert_eq!(relayable_len(b""), 0);
+        assert_eq!(relayable_len(b"data: a"), 0);
+        assert_eq!(relayable_len(b"data: a\n"), 0);
+        assert_eq!(relayable_len(b"data: a\n\n"), 9);
+        assert_eq!(relayable_len(b"data: a\n\ndata: b\n"), 9);
+        assert_eq!(relayable_len(b"data: a\n\ndata: b\n\ndata: {\"c"), 18);
+        assert_eq!(relayable_len(b"data: a\r\n\r\ndata: b"), 11);
+        assert_eq!(relayable_len(b"data: a\r\rdata: b"), 9);
+        // A CR at the end may be half a CRLF: the event waits for it.
+        assert_eq!(relayable_len(b"data: a\r\n\r"), 0);
+        assert_eq!(relayable_len(b"data: a\r\n\r\n"), 11);
+        assert_eq!(relayable_len(b"event: x\ndata: a\n\n"), 18);
+        // A blank line at the start ends nothing, but is whole.
+        assert_eq!(relayable_len(b"\ndata: a"), 1);
+        // `[DONE]`, however spelled, waits, and so does all after it.
+        assert_eq!(relayable_len(b"data: a\n\ndata: [DONE]\n\n"), 9);
+        assert_eq!(
+            relayable_len(b"data: a\n\ndata:[DONE]\r\n\r\ndata: b\n\n"),
+            9
+        );
+        assert_eq!(relayable_len(b"data: [DONE]\n\n"), 0);
+        assert_eq!(relayable_len(b"data: [DONE] x\n\n"), 16);
+
+        // Every cut of a real stream: the prefix ends where an event of the
+        // whole stream ends, the splitter reads the same events from it as
+        // from the whole stream up to there, and a relay fed the stream in
+        // pieces finds the same as one that sees the prefix at once.
+        let stream = TOOL_STREAM.as_bytes();
+        let all = events_of(stream);
+        let before_done = stream.len() - "data: [DONE]\n\n".len();
+        let mut fed = RelayPoint::default();
+        for cut in 0..=stream.len() {
+            let n = relayable_len(&stream[..cut]);
+            assert_eq!(fed.advance(&stream[..cut]), n, "cut at {cut}");
+            assert!(n <= cut.min(before_done), "cut at {cut}");
+            let prefix = events_of(&stream[..n]);
+            assert_eq!(prefix[..], all[..prefix.len()], "cut at {cut}");
+            // Nothing past it completes an event yet (but [DONE], and an
+            // event whose last CR may be the first half of a CRLF).
+            if cut < before_done && !stream[..cut].ends_with(b"\r") {
+                let mut splitter = EventSplitter::new();
+                splitter.push(&stream[..n]);
+                assert!(splitter.push(&stream[n..cut]).is_empty(), "cut at {cut}");
+            }
+        }
+        assert_eq!(relayable_len(stream), before_done);
     }
 
     #[test]

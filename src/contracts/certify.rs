@@ -371,7 +371,14 @@ async fn call(target: &Target, body: Bytes) -> Result<Value, String> {
     let mut whole = BytesMut::new();
     let mut stream = reply.body;
     while let Some(chunk) = stream.next().await {
-        whole.extend_from_slice(&chunk.map_err(|e| describe(&e))?);
+        let chunk = chunk.map_err(|e| describe(&e))?;
+        if whole.len() + chunk.len() > provider.max_answer_bytes {
+            return Err(format!(
+                "the answer is larger than the provider's max_answer_bytes ({})",
+                provider.max_answer_bytes
+            ));
+        }
+        whole.extend_from_slice(&chunk);
     }
     if !reply.status.is_success() {
         return Err(format!(

@@ -4,11 +4,13 @@
 //! It first asks the shared layer (Redis, when configured) whether another
 //! replica already has the answer or the flight; otherwise it renews the
 //! flight's lease while it lives, relays the provider's head and body into
-//! the flight as they arrive (on a route with a contract: only once the
-//! whole answer passed it), records the call's outcome in the target's
-//! circuit breaker, writes the result (or the negative) cache before the
-//! flight ends, and ends the flight. Its [`LeaderTicket`] is dropped on
-//! every path, which removes the flight.
+//! the flight as they arrive, in whole SSE events (on a route with a
+//! contract: only once the whole answer passed it), turns an answer past
+//! the provider's size limit or a 2xx that is no chat completion into a
+//! failure, records the call's outcome in the target's circuit breaker,
+//! writes the result (or the negative) cache before the flight ends, and
+//! ends the flight. Its [`LeaderTicket`] is dropped on every path, which
+//! removes the flight.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -419,7 +421,9 @@ async fn follow_remote(
     }
 }
 
-/// Calls the target and relays what arrives into the flight.
+/// Calls the target and relays what arrives into the flight; an answer
+/// past the provider's `max_answer_bytes`, or a 2xx that is no chat
+/// completion, ends as a failure.
 async fn call(
     flight: &Flight,
     route: &Route,
@@ -464,15 +468,49 @@ async fn call(
             form,
         });
     }
+    let limit = provider.max_answer_bytes;
     let mut body = reply.body;
     let mut whole = BytesMut::new();
+    // How much of `whole` the flight has: whole events, and `[DONE]` only
+    // once the answer is known to be a completion (see `RelayPoint`). A
+    // client whose stream breaks off or turns out to be garbage gets an
+    // error event of its own after them.
+    let mut point = crate::sse::RelayPoint::default();
+    let mut relayed = 0;
     while let Some(chunk) = body.next().await {
         match chunk {
             Ok(bytes) => {
                 progress.mark();
+                // Checked before buffering: past the limit not a byte more is
+                // kept, and dropping the body stops the download.
+                if whole.len() + bytes.len() > limit {
+                    metrics.upstream_answer_too_large(&provider.name);
+                    tracing::warn!(route = %route.name, provider = %provider.name, limit, "upstream answer larger than max_answer_bytes");
+                    let message = format!(
+                        "the answer of provider {} is larger than its limit of {limit} bytes",
+                        provider.name
+                    );
+                    let mut failed = Answer::from_failure(
+                        Failure::TooLarge,
+                        &message,
+                        provider.name.clone(),
+                        t.model.clone(),
+                    );
+                    failed.upstream_latency = started.elapsed();
+                    return failed;
+                }
+                let start = whole.len();
                 whole.extend_from_slice(&bytes);
                 if streaming {
-                    flight.push(bytes);
+                    let cut = point.advance(&whole);
+                    if cut > relayed {
+                        flight.push(if relayed == start {
+                            bytes.slice(..cut - start)
+                        } else {
+                            Bytes::copy_from_slice(&whole[relayed..cut])
+                        });
+                        relayed = cut;
+                    }
                 }
             }
             Err(e) => {
@@ -485,7 +523,7 @@ async fn call(
     if reply.status.is_success() {
         route.latency.record(latency);
     }
-    Answer {
+    let answer = Answer {
         status: reply.status,
         form,
         body: whole.freeze(),
@@ -497,7 +535,21 @@ async fn call(
         upstream_latency: latency,
         cache_ttl: None,
         rendered: Default::default(),
+    };
+    // A 2xx that is no chat completion must not reach anybody as a success:
+    // it becomes a failure here, which the followers, the caches and a job
+    // see as such.
+    if let Some(why) = answer.malformed() {
+        metrics.bad_upstream_answer(&provider.name);
+        tracing::warn!(route = %route.name, provider = %provider.name, why = %why, "upstream answer is not a chat completion");
+        return answer.into_bad(&why);
     }
+    // The rest of a well-formed stream: its `[DONE]`, or a last event
+    // without its closing blank line.
+    if streaming && relayed < answer.body.len() {
+        flight.push(answer.body.slice(relayed..));
+    }
+    answer
 }
 
 #[cfg(test)]

@@ -463,7 +463,7 @@ mod tests {
         let providers = Providers::from_config(&config).unwrap();
         let routes = Routes::from_config(&config, &providers, &metrics).unwrap();
         let route = routes.get("bot").unwrap().clone();
-        let cache = Arc::new(ResultCache::new(100));
+        let cache = Arc::new(ResultCache::new(100, 1 << 20));
         (Coalescer::new(cache, metrics), route)
     }
 

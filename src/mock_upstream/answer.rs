@@ -5,7 +5,10 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use serde_json::{Value, json};
+
+use super::Garbage;
 
 /// Longest part of the last user message echoed in a generated answer.
 const ECHO_CHARS: usize = 200;
@@ -90,6 +93,192 @@ pub fn completion_chunks(request: &Value, seq: u64, content: Option<&str>) -> Ve
         chunks.push(chunk(json!([]), Some(answer.usage())));
     }
     chunks
+}
+
+/// Bytes of one word of padding (a space, then `x`s): streamed, each is a
+/// content chunk of its own.
+const PAD_WORD_BYTES: usize = 1024;
+
+/// The content text (from `content`, or the generated one) grown with
+/// padding until `size_of` it is at least `pad` bytes. Whole words first,
+/// never more than half the missing bytes' worth (a streamed word also
+/// costs its chunk's frame), then single characters for the rest; only
+/// the usage's digits can make the result a few bytes longer than asked.
+fn padded_text(
+    request: &Value,
+    seq: u64,
+    content: Option<&str>,
+    pad: u64,
+    size_of: impl Fn(&str) -> usize,
+) -> String {
+    let target = usize::try_from(pad).unwrap_or(usize::MAX);
+    let answer = Answer::new(request, seq, content);
+    let choices = answer.choices as usize;
+    let mut text = answer.content;
+    let word: String = std::iter::once(' ')
+        .chain(std::iter::repeat_n('x', PAD_WORD_BYTES - 1))
+        .collect();
+    loop {
+        let size = size_of(&text);
+        if size >= target {
+            return text;
+        }
+        let missing = (target - size).div_ceil(choices);
+        let words = missing / (2 * PAD_WORD_BYTES);
+        if words > 0 {
+            text.reserve(words * PAD_WORD_BYTES);
+            for _ in 0..words {
+                text.push_str(&word);
+            }
+        } else {
+            text.extend(std::iter::repeat_n('x', missing));
+        }
+    }
+}
+
+/// The body of a plain answer: [`completion`], its content padded so the
+/// body is at least `pad` bytes when `pad` is set.
+pub(crate) fn plain_body(
+    request: &Value,
+    seq: u64,
+    content: Option<&str>,
+    pad: Option<u64>,
+) -> String {
+    let Some(pad) = pad else {
+        return completion(request, seq, content).to_string();
+    };
+    let size = |text: &str| completion(request, seq, Some(text)).to_string().len();
+    let text = padded_text(request, seq, content, pad, size);
+    completion(request, seq, Some(&text)).to_string()
+}
+
+/// The SSE frames of a streamed answer, `data: [DONE]` last, its content
+/// padded so the whole stream is at least `pad` bytes when `pad` is set.
+pub(crate) fn stream_frames(
+    request: &Value,
+    seq: u64,
+    content: Option<&str>,
+    pad: Option<u64>,
+) -> Vec<Bytes> {
+    let frames = |content: Option<&str>| -> Vec<Bytes> {
+        completion_chunks(request, seq, content)
+            .into_iter()
+            .map(|chunk| Bytes::from(format!("data: {chunk}\n\n")))
+            .chain(std::iter::once(Bytes::from_static(b"data: [DONE]\n\n")))
+            .collect()
+    };
+    let Some(pad) = pad else {
+        return frames(content);
+    };
+    let size = |text: &str| frames(Some(text)).iter().map(Bytes::len).sum();
+    let text = padded_text(request, seq, content, pad, size);
+    frames(Some(&text))
+}
+
+/// A 200 answer that is not a well-formed chat completion.
+pub(crate) struct Garbled {
+    pub(crate) content_type: &'static str,
+    pub(crate) frames: Vec<Bytes>,
+}
+
+impl Garbled {
+    /// True when it goes out as an SSE stream.
+    pub(crate) fn is_stream(&self) -> bool {
+        self.content_type == "text/event-stream"
+    }
+}
+
+/// The garbage of `kind` in place of the answer to `request`, in the form
+/// it asked for (`stream`), except [`Garbage::StreamWithoutDone`], which
+/// always streams.
+pub(crate) fn garbage(
+    kind: Garbage,
+    request: &Value,
+    seq: u64,
+    content: Option<&str>,
+    stream: bool,
+) -> Garbled {
+    const HTML: &str = "<html><head><title>502 Bad Gateway</title></head>\
+                        <body><h1>502 Bad Gateway</h1></body></html>";
+    let sse = |frames: Vec<Bytes>| Garbled {
+        content_type: "text/event-stream",
+        frames,
+    };
+    let json = |body: String| Garbled {
+        content_type: "application/json",
+        frames: vec![Bytes::from(body)],
+    };
+    let frame = |data: &str| Bytes::from(format!("data: {data}\n\n"));
+    let chunks = completion_chunks(request, seq, content);
+    let first = chunks.first().map(|c| frame(c)).unwrap_or_default();
+    let error = json!({"error": {
+        "message": "The server had an error while processing your request.",
+        "type": "server_error", "param": null, "code": null,
+    }})
+    .to_string();
+    match (kind, stream) {
+        (Garbage::NotJson, false) => Garbled {
+            content_type: "text/html; charset=utf-8",
+            frames: vec![Bytes::from_static(HTML.as_bytes())],
+        },
+        (Garbage::NotJson, true) => sse(vec![first, frame(HTML), frame("[DONE]")]),
+        (Garbage::Truncated, false) => {
+            let whole = completion(request, seq, content).to_string();
+            json(cut_in_half(&whole).to_owned())
+        }
+        (Garbage::Truncated, true) => {
+            let mut frames = stream_frames(request, seq, content, None);
+            // Half the events, then half of the next one: the stream ends
+            // inside an event.
+            let keep = frames.len() / 2;
+            frames.truncate(keep + 1);
+            if let Some(last) = frames.last_mut() {
+                *last = last.slice(..last.len() / 2);
+            }
+            sse(frames)
+        }
+        (Garbage::Empty, false) => json(String::new()),
+        (Garbage::Empty, true) => sse(Vec::new()),
+        (Garbage::ErrorObject, false) => json(error),
+        (Garbage::ErrorObject, true) => sse(vec![first, frame(&error)]),
+        (Garbage::EmptyChoices, false) => {
+            let mut answer = completion(request, seq, content);
+            answer["choices"] = json!([]);
+            json(answer.to_string())
+        }
+        (Garbage::EmptyChoices, true) => {
+            let empty = chunks
+                .first()
+                .and_then(|c| serde_json::from_str::<Value>(c).ok())
+                .map(|mut c| {
+                    c["choices"] = json!([]);
+                    frame(&c.to_string())
+                })
+                .unwrap_or_default();
+            sse(vec![empty.clone(), empty, frame("[DONE]")])
+        }
+        (Garbage::StreamWithoutDone, _) => sse(chunks
+            .iter()
+            .filter(|c| {
+                serde_json::from_str::<Value>(c).is_ok_and(|c| {
+                    c["choices"].as_array().is_some_and(|choices| {
+                        choices.iter().all(|ch| ch["finish_reason"].is_null())
+                            && !choices.is_empty()
+                    })
+                })
+            })
+            .map(|c| frame(c))
+            .collect()),
+    }
+}
+
+/// The first half of `text`, cut on a character boundary.
+fn cut_in_half(text: &str) -> &str {
+    let mut end = text.len() / 2;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The OpenAI error object for a mock failure with this HTTP status.

@@ -4,8 +4,9 @@
 //! It answers `POST /v1/chat/completions` (plain JSON or SSE) with a
 //! deterministic answer that names the call number, and can be told, by CLI
 //! flags at start or by the `/_mock` control API at run time, to be slow, to
-//! fail with a chosen status, to drop connections, or to hold requests until
-//! a test releases them (in the order the test chooses). It counts every call
+//! fail with a chosen status, to drop connections, to answer 200 with
+//! garbage or with a padded (large) answer, or to hold requests until a test
+//! releases them (in the order the test chooses). It counts every call
 //! on arrival, so a test can assert how many upstream calls the gateway made.
 //!
 //! `answer` builds the answers (also used by idem's in-process provider of
@@ -37,7 +38,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// The order of effects for one request: count and record it; hold it if
 /// `hold` or `hang`; sleep `latency_ms` (plus up to `latency_jitter_ms`, plus
 /// `stall_ms` with probability `stall_rate`); drop the connection with
-/// probability `reset_rate`; fail with `fail_status`; else answer.
+/// probability `reset_rate`; fail with `fail_status`; else answer (with
+/// `garbage` instead of a chat completion when set, padded to `pad_bytes`
+/// when set).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Behaviour {
@@ -67,6 +70,37 @@ pub struct Behaviour {
     pub chunk_delay_ms: u64,
     /// Hold every request (after counting it) until released.
     pub hold: bool,
+    /// Answer 200 with this kind of garbage instead of a chat completion.
+    pub garbage: Option<Garbage>,
+    /// Pad the answer's content so that the whole body (the JSON document,
+    /// or the whole SSE stream) is at least this many bytes (a few more
+    /// than asked, at most about a kilobyte).
+    pub pad_bytes: Option<u64>,
+}
+
+/// A 200 answer that is not a well-formed chat completion, as a broken
+/// provider or an intermediary in front of it sends one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Garbage {
+    /// Not JSON: an HTML error page (streamed: an event whose data is not
+    /// JSON after a first good chunk).
+    NotJson,
+    /// The answer cut in the middle: half the JSON document, or half the SSE
+    /// stream (ending inside an event, without `[DONE]`).
+    Truncated,
+    /// An empty body.
+    Empty,
+    /// A JSON `{"error": ...}` object with the 200 (streamed: a first good
+    /// chunk, then `data: {"error": ...}`).
+    ErrorObject,
+    /// A completion with `choices: []` (streamed: chunks with no choice,
+    /// then `[DONE]`).
+    EmptyChoices,
+    /// An SSE stream (whatever was asked) with the role and content chunks,
+    /// then the end of the body: no `finish_reason`, no `[DONE]`.
+    StreamWithoutDone,
 }
 
 /// Flags of `idem mock-upstream`.
@@ -111,6 +145,12 @@ pub struct MockArgs {
     /// Hold every request until released through `POST /_mock/release`.
     #[arg(long)]
     pub hold: bool,
+    /// Answer 200 with this kind of garbage instead of a chat completion.
+    #[arg(long, value_enum)]
+    pub garbage: Option<Garbage>,
+    /// Pad every answer to at least this many bytes (plain and streamed).
+    #[arg(long)]
+    pub pad_bytes: Option<u64>,
 }
 
 impl MockArgs {
@@ -129,6 +169,8 @@ impl MockArgs {
             content: self.content.clone(),
             chunk_delay_ms: self.chunk_delay_ms,
             hold: self.hold,
+            garbage: self.garbage,
+            pad_bytes: self.pad_bytes,
         }
     }
 }

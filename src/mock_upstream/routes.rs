@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::Behaviour;
-use super::answer::{completion, completion_chunks, error_body};
+use super::answer::{error_body, garbage, plain_body, stream_frames};
 use super::state::{InFlight, Outcome, Release, Shared};
 
 /// Request bodies up to this size are accepted (above the gateway's own
@@ -102,29 +102,44 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
 
     shared.count(&arrival, Outcome::Completed);
     let content = release.content.as_deref().or(behaviour.content.as_deref());
+    let delay = Duration::from_millis(behaviour.chunk_delay_ms);
+    if let Some(kind) = behaviour.garbage {
+        let garbled = garbage(kind, &request, arrival.seq, content, stream);
+        return if garbled.is_stream() {
+            event_stream(shared, garbled.frames, delay, in_flight)
+        } else {
+            let body: Vec<u8> = garbled.frames.concat();
+            (
+                StatusCode::OK,
+                [(CONTENT_TYPE, HeaderValue::from_static(garbled.content_type))],
+                body,
+            )
+                .into_response()
+        };
+    }
     if stream {
-        let chunks = completion_chunks(&request, arrival.seq, content);
-        let delay = Duration::from_millis(behaviour.chunk_delay_ms);
-        event_stream(shared, chunks, delay, in_flight)
+        let frames = stream_frames(&request, arrival.seq, content, behaviour.pad_bytes);
+        event_stream(shared, frames, delay, in_flight)
     } else {
-        let answer = completion(&request, arrival.seq, content);
-        json_response(StatusCode::OK, &answer)
+        let body = plain_body(&request, arrival.seq, content, behaviour.pad_bytes);
+        (
+            StatusCode::OK,
+            [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            body,
+        )
+            .into_response()
     }
 }
 
-/// An SSE answer sent chunk by chunk, `delay` apart; `in_flight` stays
-/// counted until the last chunk is out.
+/// An SSE answer sent frame by frame, `delay` apart; `in_flight` stays
+/// counted until the last frame is out.
 fn event_stream(
     shared: Arc<Shared>,
-    chunks: Vec<String>,
+    frames: Vec<Bytes>,
     delay: Duration,
     in_flight: InFlight,
 ) -> Response {
-    let frames = chunks
-        .into_iter()
-        .map(|chunk| Bytes::from(format!("data: {chunk}\n\n")))
-        .chain(std::iter::once(Bytes::from_static(b"data: [DONE]\n\n")));
-    let state = (frames, true, shared, in_flight);
+    let state = (frames.into_iter(), true, shared, in_flight);
     let body = futures_util::stream::unfold(
         state,
         move |(mut frames, first, shared, in_flight)| async move {

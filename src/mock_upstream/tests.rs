@@ -713,3 +713,153 @@ async fn jitter_and_stalls_reorder_concurrent_answers() {
     assert!(started.elapsed() >= Duration::from_millis(200));
     server.shutdown().await;
 }
+
+/// One answer of a mock with `behaviour`: its content type and body.
+async fn answer_of(behaviour: Behaviour, stream: bool) -> (String, String) {
+    let server = start(behaviour).await;
+    let mut body = chat("garbage please");
+    body["stream"] = json!(stream);
+    let response = post(&client(), &server, &body).await;
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    (content_type, response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn each_kind_of_garbage_is_a_200_that_is_no_chat_completion() {
+    let garbage = |kind| Behaviour {
+        garbage: Some(kind),
+        ..Behaviour::default()
+    };
+    let json_of = |text: &str| serde_json::from_str::<Value>(text);
+    let assembled = |text: &str| crate::sse::assemble(text.as_bytes());
+
+    let (kind, body) = answer_of(garbage(Garbage::NotJson), false).await;
+    assert!(
+        kind.starts_with("text/html") && json_of(&body).is_err(),
+        "{body}"
+    );
+    let (kind, body) = answer_of(garbage(Garbage::NotJson), true).await;
+    assert_eq!(kind, "text/event-stream");
+    assert!(body.contains("data: <html>"), "{body}");
+    assert!(assembled(&body).is_err());
+
+    let (_, body) = answer_of(garbage(Garbage::Truncated), false).await;
+    assert!(body.starts_with('{'), "{body}");
+    assert!(json_of(&body).is_err(), "{body}");
+    let (_, body) = answer_of(garbage(Garbage::Truncated), true).await;
+    assert!(
+        !body.contains("[DONE]") && !body.ends_with("\n\n"),
+        "{body}"
+    );
+    assert!(assembled(&body).is_err());
+
+    for stream in [false, true] {
+        let (_, body) = answer_of(garbage(Garbage::Empty), stream).await;
+        assert_eq!(body, "");
+    }
+
+    let (kind, body) = answer_of(garbage(Garbage::ErrorObject), false).await;
+    assert_eq!(kind, "application/json");
+    assert_eq!(json_of(&body).unwrap()["error"]["type"], "server_error");
+    let (_, body) = answer_of(garbage(Garbage::ErrorObject), true).await;
+    assert!(!body.contains("[DONE]"), "{body}");
+    assert!(matches!(
+        assembled(&body),
+        Err(crate::sse::SseError::Upstream(_))
+    ));
+
+    let (_, body) = answer_of(garbage(Garbage::EmptyChoices), false).await;
+    let v = json_of(&body).unwrap();
+    assert_eq!(
+        (&v["object"], &v["choices"]),
+        (&json!("chat.completion"), &json!([]))
+    );
+    let (_, body) = answer_of(garbage(Garbage::EmptyChoices), true).await;
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    assert_eq!(assembled(&body).unwrap()["choices"], json!([]));
+
+    // Streamed even when the request asked for a plain answer.
+    for stream in [false, true] {
+        let (kind, body) = answer_of(garbage(Garbage::StreamWithoutDone), stream).await;
+        assert_eq!(kind, "text/event-stream");
+        assert!(body.contains("\"content\":\"mock \""), "{body}");
+        assert!(
+            !body.contains("[DONE]") && !body.contains("\"stop\""),
+            "{body}"
+        );
+        assert!(matches!(
+            assembled(&body),
+            Err(crate::sse::SseError::Truncated)
+        ));
+    }
+}
+
+#[tokio::test]
+async fn pad_bytes_grows_plain_and_streamed_answers_to_the_size_asked() {
+    let padded = Behaviour {
+        pad_bytes: Some(100_000),
+        ..Behaviour::default()
+    };
+    let (_, body) = answer_of(padded.clone(), false).await;
+    assert!((100_000..100_100).contains(&body.len()), "{}", body.len());
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert!(content(&v).starts_with("mock answer #1 to: garbage please x"));
+    let (_, body) = answer_of(padded, true).await;
+    assert!((100_000..101_500).contains(&body.len()), "{}", body.len());
+    let assembled = crate::sse::assemble(body.as_bytes()).unwrap();
+    assert!(content(&assembled).starts_with("mock answer #1 to: garbage please x"));
+    // The padding streams as many chunks, not one.
+    assert!(events(&body).len() > 50, "{} events", events(&body).len());
+}
+
+#[tokio::test]
+async fn the_control_api_takes_garbage_and_pad_bytes() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let url = format!("http://{}/_mock/behaviour", server.addr());
+    let patched: Behaviour = client
+        .patch(&url)
+        .json(&json!({"garbage": "empty_choices", "pad_bytes": 4096}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(patched.garbage, Some(Garbage::EmptyChoices));
+    assert_eq!(patched.pad_bytes, Some(4096));
+    let answer: Value = post(&client, &server, &chat("q"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["choices"], json!([]));
+    let response = client
+        .patch(&url)
+        .json(&json!({"garbage": "nonsense"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let patched: Behaviour = client
+        .patch(&url)
+        .json(&json!({"garbage": null}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(patched.garbage, None);
+    let body = post(&client, &server, &chat("q"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(body.len() >= 4096, "{}", body.len());
+    server.shutdown().await;
+}

@@ -26,7 +26,8 @@ use crate::config::BreakerConfig;
 pub enum Health {
     /// The provider answered (a 2xx, or a 4xx the request caused).
     Up,
-    /// Connect error, timeout, lost connection, 429 or 5xx.
+    /// Connect error, timeout, lost connection, 429, 5xx, or a 2xx that
+    /// is no chat completion.
     Down,
     /// Says nothing about the provider (idem's own trouble).
     Neutral,
@@ -35,11 +36,15 @@ pub enum Health {
 impl Health {
     pub fn of(answer: &Answer) -> Health {
         match answer.failure {
-            Some(Failure::Connect | Failure::Timeout | Failure::Broken) => Health::Down,
+            // Garbage in a 200 is a provider (or its proxy) that is not well.
+            Some(Failure::Connect | Failure::Timeout | Failure::Broken | Failure::BadAnswer) => {
+                Health::Down
+            }
             Some(Failure::LeaderLost) => Health::Neutral,
             // The provider answered; whether the content is acceptable is
-            // the route's contract, not the provider's health.
-            Some(Failure::Contract) => Health::Up,
+            // the route's contract, not the provider's health, and whether
+            // it is too large is this gateway's limit.
+            Some(Failure::Contract | Failure::TooLarge) => Health::Up,
             None => match answer.status.as_u16() {
                 429 | 500..=599 => Health::Down,
                 _ => Health::Up,
@@ -327,6 +332,14 @@ mod tests {
         );
         assert_eq!(
             Health::of(&answer(502, Some(Failure::Contract))),
+            Health::Up
+        );
+        assert_eq!(
+            Health::of(&answer(502, Some(Failure::BadAnswer))),
+            Health::Down
+        );
+        assert_eq!(
+            Health::of(&answer(502, Some(Failure::TooLarge))),
             Health::Up
         );
     }

@@ -72,6 +72,8 @@ pub struct Provider {
     pub name: Arc<str>,
     pub kind: ProviderKind,
     pub timeout: Duration,
+    /// The largest answer taken from it (`max_answer_bytes`).
+    pub max_answer_bytes: usize,
     upstream: Upstream,
     api_key: Option<SecretString>,
     client: reqwest::Client,
@@ -195,6 +197,7 @@ impl Provider {
             name: Arc::from(config.name.as_str()),
             kind: config.kind,
             timeout: config.timeout,
+            max_answer_bytes: config.max_answer_bytes,
             upstream,
             api_key,
             client,

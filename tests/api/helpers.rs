@@ -74,6 +74,9 @@ pub struct Spec {
     pub server: String,
     pub jobs: String,
     pub provider_timeout: String,
+    /// Extra keys of the primary provider's `[[providers]]` table
+    /// (`max_answer_bytes = 65536`).
+    pub provider_extra: String,
     /// Extra TOML appended at the end (more routes).
     pub extra: String,
     pub postgres: bool,
@@ -95,6 +98,7 @@ impl Default for Spec {
             server: String::new(),
             jobs: "reconcile_interval = \"200ms\"\npoll_interval = \"200ms\"\n".into(),
             provider_timeout: "30s".into(),
+            provider_extra: String::new(),
             extra: String::new(),
             postgres: false,
             storage_url: None,
@@ -138,12 +142,14 @@ name = "primary"
 kind = "openai"
 base_url = "{primary}"
 timeout = "{timeout}"
+{provider_extra}
 "#,
         server = spec.server,
         jobs = spec.jobs,
         acme = spec.acme,
         primary = mocks.primary.base_url(),
         timeout = spec.provider_timeout,
+        provider_extra = spec.provider_extra,
     );
     if let Some(f) = &mocks.fallback {
         t.push_str(&format!(
