@@ -230,7 +230,8 @@ pub struct CallRecord {
     pub prompt: String,
     pub stream: bool,
     /// `pending` (no answer: held, in its latency, or its client left),
-    /// `completed`, `failed` or `reset`.
+    /// `completed`, `failed`, `reset`, `garbage` (a 200 that is no chat
+    /// completion) or `padded` (a completion padded to `pad_bytes`).
     pub outcome: CallOutcome,
     /// The status answered, for `completed` and `failed`.
     pub status: Option<u16>,
@@ -244,6 +245,10 @@ pub enum CallOutcome {
     Completed,
     Failed,
     Reset,
+    /// A 200 that is no chat completion (`garbage`).
+    Garbage,
+    /// A completion padded to `pad_bytes`.
+    Padded,
 }
 
 /// A running mock upstream, serving in a background tokio task.

@@ -100,7 +100,14 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         }
     }
 
-    shared.count(&arrival, Outcome::Completed);
+    shared.count(
+        &arrival,
+        match (behaviour.garbage, behaviour.pad_bytes) {
+            (Some(_), _) => Outcome::Garbage,
+            (None, Some(_)) => Outcome::Padded,
+            (None, None) => Outcome::Completed,
+        },
+    );
     let content = release.content.as_deref().or(behaviour.content.as_deref());
     let delay = Duration::from_millis(behaviour.chunk_delay_ms);
     if let Some(kind) = behaviour.garbage {

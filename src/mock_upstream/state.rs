@@ -81,6 +81,10 @@ struct Recorded {
 #[derive(Clone, Copy)]
 pub(crate) enum Outcome {
     Completed,
+    /// A 200 with garbage instead of a chat completion.
+    Garbage,
+    /// A completion padded to a size.
+    Padded,
     /// Answered with this error status.
     Failed(u16),
     Reset,
@@ -178,6 +182,8 @@ impl Shared {
         }
         let (counter, logged, status) = match outcome {
             Outcome::Completed => (&self.completed, CallOutcome::Completed, Some(200)),
+            Outcome::Garbage => (&self.completed, CallOutcome::Garbage, Some(200)),
+            Outcome::Padded => (&self.completed, CallOutcome::Padded, Some(200)),
             Outcome::Failed(status) => (&self.failed, CallOutcome::Failed, Some(status)),
             Outcome::Reset => (&self.resets, CallOutcome::Reset, None),
         };

@@ -645,6 +645,21 @@ async fn the_call_log_keeps_every_call_with_its_prompt_user_and_outcome() {
     assert_eq!(calls[0].outcome, CallOutcome::Completed);
     assert_eq!(calls[60].outcome, CallOutcome::Failed);
     assert_eq!(calls[60].status, Some(429));
+    // Garbage and padded answers are 200s the log tells apart.
+    server.set_behaviour(Behaviour {
+        garbage: Some(crate::mock_upstream::Garbage::Empty),
+        ..Behaviour::default()
+    });
+    assert_eq!(post(&client, &server, &chat("garbage")).await.status(), 200);
+    server.set_behaviour(Behaviour {
+        pad_bytes: Some(4096),
+        ..Behaviour::default()
+    });
+    assert_eq!(post(&client, &server, &chat("padded")).await.status(), 200);
+    server.set_behaviour(Behaviour::default());
+    let calls = server.calls();
+    assert_eq!(calls[61].outcome, CallOutcome::Garbage);
+    assert_eq!(calls[62].outcome, CallOutcome::Padded);
     assert!(
         calls
             .iter()

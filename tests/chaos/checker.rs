@@ -64,6 +64,7 @@ pub fn check(h: &History) -> Vec<Violation> {
     no_overlapping_attempts(h, &mut out);
     conflicts_change_nothing(h, &mut out);
     answers_stay_with_their_tenant(h, &calls, &mut out);
+    garbage_is_never_a_success(h, &calls, &mut out);
     nothing_left_behind(h, &mut out);
     upstream_calls_bounded(h, &mut out);
     one_answer_per_flight(h, &mut out);
@@ -445,6 +446,8 @@ fn answers_stay_with_their_tenant(
                 "call #{} answered {:?}, the request asked {:?}",
                 c.seq, c.prompt, op.prompt
             )),
+            // Garbage and oversized answers have a rule of their own.
+            Some(c) if is_garbage(c) => None,
             Some(c) if c.outcome != CallOutcome::Completed => {
                 Some(format!("call #{} did not succeed ({:?})", c.seq, c.outcome))
             }
@@ -459,6 +462,57 @@ fn answers_stay_with_their_tenant(
                     op.tenant,
                     op.replica,
                     op.start_ms
+                ),
+            ));
+        }
+    }
+}
+
+/// A 200 that was no chat completion, or an answer past the providers'
+/// `max_answer_bytes`.
+fn is_garbage(c: &CallRecord) -> bool {
+    matches!(c.outcome, CallOutcome::Garbage | CallOutcome::Padded)
+}
+
+/// No answer that was garbage (a 200 that is no chat completion) or past
+/// the size limit reached a client as a success, or became a job's result.
+fn garbage_is_never_a_success(
+    h: &History,
+    calls: &HashMap<u64, &CallRecord>,
+    out: &mut Vec<Violation>,
+) {
+    for op in h.ops.iter().filter(|o| (200..300).contains(&o.status)) {
+        if let Some(c) = op.seen.as_ref().and_then(|s| calls.get(&s.seq))
+            && is_garbage(c)
+        {
+            out.push(v(
+                "garbage_is_never_a_success",
+                format!(
+                    "{} by {} on replica {} at {}: got call #{} ({:?}) as a {}",
+                    op.kind.name(),
+                    op.tenant,
+                    op.replica,
+                    op.start_ms,
+                    c.seq,
+                    c.outcome,
+                    op.status
+                ),
+            ));
+        }
+    }
+    for j in h.jobs.iter().filter(|j| j.state == "succeeded") {
+        if let Some(c) = j
+            .result
+            .as_ref()
+            .and_then(Seen::of_completion)
+            .and_then(|s| calls.get(&s.seq))
+            && is_garbage(c)
+        {
+            out.push(v(
+                "garbage_is_never_a_success",
+                format!(
+                    "job {}: its result is call #{} ({:?})",
+                    j.id, c.seq, c.outcome
                 ),
             ));
         }
@@ -502,6 +556,8 @@ fn negative_ttl(c: &CallRecord) -> i64 {
     match (c.outcome, c.status) {
         (CallOutcome::Failed, Some(429)) => RATE_LIMIT_TTL_MS,
         (CallOutcome::Failed, _) | (CallOutcome::Reset, _) => SERVER_ERROR_TTL_MS,
+        // Garbage and oversized answers are cached like a 5xx.
+        (CallOutcome::Garbage | CallOutcome::Padded, _) => SERVER_ERROR_TTL_MS,
         // Never answered: its replica died; nothing was cached.
         _ => 0,
     }
@@ -870,6 +926,21 @@ mod tests {
             until_ms: T0 + 900,
         });
         assert_eq!(check(&h), vec![]);
+    }
+
+    #[test]
+    fn a_garbage_answer_served_as_a_success_is_flagged() {
+        for outcome in [CallOutcome::Garbage, CallOutcome::Padded] {
+            let mut h = clean();
+            h.calls[2].outcome = outcome;
+            assert_eq!(rules(&h), vec!["garbage_is_never_a_success"], "{outcome:?}");
+            let mut h = clean();
+            h.calls[1].outcome = outcome;
+            assert!(
+                rules(&h).contains(&"garbage_is_never_a_success"),
+                "{outcome:?}"
+            );
+        }
     }
 
     #[test]

@@ -25,6 +25,8 @@ use crate::helpers::{ACME, ADMIN, BETA, Proc, pg_schema, temp_dir};
 pub const REPLICAS: usize = 3;
 /// The providers' timeout: the mock's stalls stay below it.
 pub const PROVIDER_TIMEOUT_MS: u64 = 3_000;
+/// The providers' `max_answer_bytes`: the mock's padded answers exceed it.
+pub const MAX_ANSWER_BYTES: u64 = 65_536;
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -368,11 +370,13 @@ name = "primary"
 kind = "openai"
 base_url = "{base}"
 timeout = "{PROVIDER_TIMEOUT_MS}ms"
+max_answer_bytes = {MAX_ANSWER_BYTES}
 [[providers]]
 name = "fallback"
 kind = "openai"
 base_url = "{base}"
 timeout = "{PROVIDER_TIMEOUT_MS}ms"
+max_answer_bytes = {MAX_ANSWER_BYTES}
 {bot}
 {hedged}
 "#,

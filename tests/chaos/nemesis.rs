@@ -7,18 +7,19 @@
 //!   then start it, stop the private Redis then start it;
 //! - provider phases, all along: the mock alternates between calm (jittered
 //!   latency, so answers come back in another order than the calls went out)
-//!   and bursts of 429s with Retry-After, 500s, connection resets, and
-//!   stalls shorter than the provider timeout.
+//!   and bursts of 429s with Retry-After, 500s, connection resets, stalls
+//!   shorter than the provider timeout, 200s that are no chat completion
+//!   (garbage of every kind) and answers past `max_answer_bytes`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem::mock_upstream::{Behaviour, MockServer};
+use idem::mock_upstream::{Behaviour, Garbage, MockServer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, REPLICAS, calm};
+use crate::cluster::{Cluster, MAX_ANSWER_BYTES, REPLICAS, calm};
 use crate::history::{Fault, FaultKind, Recorder, now_ms};
 
 /// One infrastructure fault of the schedule.
@@ -143,6 +144,17 @@ pub async fn repair(cluster: &mut Cluster) {
     cluster.pg().wait_ready(true);
 }
 
+/// The provider phase's name for each kind of garbage, in the order of
+/// the kinds drawn in [`provider`].
+const GARBAGE_NAMES: [&str; 6] = [
+    "garbage: not JSON",
+    "garbage: truncated",
+    "garbage: empty bodies",
+    "garbage: error objects with a 200",
+    "garbage: empty choices",
+    "garbage: streams without [DONE]",
+];
+
 /// The provider phases, until `stop`.
 pub async fn provider(
     mock: Arc<MockServer>,
@@ -154,8 +166,8 @@ pub async fn provider(
     let mut rng = StdRng::seed_from_u64(seed ^ 0x70726f76);
     while !stop.is_cancelled() {
         let (name, b) = match rng.random_range(0..100) {
-            0..40 => ("calm", calm()),
-            40..55 => (
+            0..35 => ("calm", calm()),
+            35..48 => (
                 "429s with Retry-After: 1",
                 Behaviour {
                     fail_status: Some(429),
@@ -164,7 +176,7 @@ pub async fn provider(
                     ..calm()
                 },
             ),
-            55..70 => (
+            48..60 => (
                 "500s",
                 Behaviour {
                     fail_status: Some(500),
@@ -172,18 +184,43 @@ pub async fn provider(
                     ..calm()
                 },
             ),
-            70..85 => (
+            60..72 => (
                 "connection resets",
                 Behaviour {
                     reset_rate: 0.15,
                     ..calm()
                 },
             ),
-            _ => (
+            72..84 => (
                 "stalls of 1.5 s",
                 Behaviour {
                     stall_rate: 0.3,
                     stall_ms: 1_500,
+                    ..calm()
+                },
+            ),
+            84..92 => {
+                let kinds = [
+                    Garbage::NotJson,
+                    Garbage::Truncated,
+                    Garbage::Empty,
+                    Garbage::ErrorObject,
+                    Garbage::EmptyChoices,
+                    Garbage::StreamWithoutDone,
+                ];
+                let kind = kinds[rng.random_range(0..kinds.len())];
+                (
+                    GARBAGE_NAMES[kinds.iter().position(|k| *k == kind).unwrap_or(0)],
+                    Behaviour {
+                        garbage: Some(kind),
+                        ..calm()
+                    },
+                )
+            }
+            _ => (
+                "answers past max_answer_bytes",
+                Behaviour {
+                    pad_bytes: Some(2 * MAX_ANSWER_BYTES),
                     ..calm()
                 },
             ),
