@@ -18,5 +18,6 @@ mod hostile;
 mod jobs;
 mod ops;
 mod provenance;
+mod redis_cluster;
 mod replicas;
 mod takeover;
