@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cache::ResultCache;
-use crate::config::Config;
+use crate::config::{Config, SharedBackend};
 use crate::flight::Coalescer;
 use crate::flight::redis::RedisFlights;
 use crate::http::validate::Limits;
@@ -64,8 +64,12 @@ impl App {
         crate::cache::spawn_housekeeper(&cache, crate::cache::HOUSEKEEPING_EVERY)
             .context("cannot start the cache upkeep thread")?;
         let coalescer = Coalescer::new(cache, metrics.clone());
-        if config.coalescing.backend != "memory" {
-            connect_shared(&config, &coalescer, &metrics).await;
+        let backend = config
+            .coalescing
+            .shared_backend()
+            .map_err(|m| anyhow::anyhow!("coalescing.backend: {m}"))?;
+        if backend != SharedBackend::Memory {
+            connect_shared(&config, backend, &coalescer, &metrics).await;
         }
         let keyring = Keyring::from_config(&config);
         if keyring.is_open() {
@@ -174,19 +178,24 @@ impl App {
 
 /// Connects the Redis layer. If Redis is down at start-up the gateway
 /// starts anyway (coalescing locally) and keeps trying in the background.
-async fn connect_shared(config: &Config, coalescer: &Coalescer, metrics: &Arc<Metrics>) {
+async fn connect_shared(
+    config: &Config,
+    backend: SharedBackend,
+    coalescer: &Coalescer,
+    metrics: &Arc<Metrics>,
+) {
     let c = &config.coalescing;
     let connect = {
-        let (url, prefix, timeout, poll, metrics) = (
-            c.backend.clone(),
+        let (backend, prefix, timeout, poll, metrics) = (
+            backend,
             c.redis_prefix.clone(),
             c.redis_timeout,
             c.redis_poll,
             metrics.clone(),
         );
         move || {
-            let (url, prefix, metrics) = (url.clone(), prefix.clone(), metrics.clone());
-            async move { RedisFlights::connect(&url, &prefix, timeout, poll, metrics).await }
+            let (backend, prefix, metrics) = (backend.clone(), prefix.clone(), metrics.clone());
+            async move { RedisFlights::connect(&backend, &prefix, timeout, poll, metrics).await }
         }
     };
     match connect().await {

@@ -147,7 +147,9 @@ impl Default for StorageConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CoalescingConfig {
-    /// `memory` or a `redis://` URL.
+    /// `memory`, a `redis://` URL (one server) or
+    /// `redis+cluster://host:port,host:port,...` (a Redis Cluster): see
+    /// [`CoalescingConfig::shared_backend`].
     pub backend: String,
     /// Prefix of every Redis key idem writes.
     pub redis_prefix: String,
@@ -164,6 +166,74 @@ pub struct CoalescingConfig {
     /// an expired lease is noticed).
     #[serde(with = "humantime_serde")]
     pub redis_poll: Duration,
+}
+
+/// Where replicas share flights and the result cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedBackend {
+    /// No sharing: this process alone.
+    Memory,
+    /// One Redis server (a `redis://` or `rediss://` URL, as given).
+    Redis(String),
+    /// A Redis Cluster: one `redis://` URL per seed node (the cluster's
+    /// other nodes are learned from them), each with the credentials given.
+    RedisCluster(Vec<String>),
+}
+
+/// The scheme of a Redis Cluster backend.
+const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+impl CoalescingConfig {
+    /// The backend that `backend` names, or why it names none.
+    pub fn shared_backend(&self) -> Result<SharedBackend, String> {
+        let b = self.backend.as_str();
+        if b == "memory" {
+            Ok(SharedBackend::Memory)
+        } else if b.starts_with("redis://") || b.starts_with("rediss://") {
+            Ok(SharedBackend::Redis(b.to_string()))
+        } else if let Some(rest) = b.strip_prefix(CLUSTER_SCHEME) {
+            cluster_nodes(rest).map(SharedBackend::RedisCluster)
+        } else {
+            Err(format!(
+                "expected \"memory\", a redis:// URL or {CLUSTER_SCHEME}host:port,host:port,..."
+            ))
+        }
+    }
+}
+
+/// The seed nodes of `[user[:password]@]host:port,host:port,...[/]`, as
+/// `redis://` URLs that all carry the credentials. A cluster has one
+/// database and no per-node options, so a path or a query is refused
+/// rather than silently dropped.
+fn cluster_nodes(rest: &str) -> Result<Vec<String>, String> {
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), rest),
+    };
+    if hosts.contains(['/', '?', '#']) {
+        return Err(format!(
+            "a {CLUSTER_SCHEME} URL is a list of host:port and takes no path, database or options"
+        ));
+    }
+    let mut nodes = Vec::new();
+    for node in hosts.split(',') {
+        let port = node.rsplit_once(':').and_then(|(host, port)| {
+            let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+            let plain = !host.is_empty() && !host.contains([':', '[', ']', '@']);
+            (bracketed || plain).then_some(port)
+        });
+        match port.map(str::parse::<u16>) {
+            Some(Ok(p)) if p > 0 => nodes.push(format!("redis://{userinfo}{node}")),
+            _ => {
+                return Err(format!(
+                    "{node:?} is not host:port (a {CLUSTER_SCHEME} URL lists the seed nodes, \
+                     e.g. {CLUSTER_SCHEME}redis-a:7000,redis-b:7000)"
+                ));
+            }
+        }
+    }
+    Ok(nodes)
 }
 
 impl Default for CoalescingConfig {
@@ -638,16 +708,9 @@ impl Config {
         if self.coalescing.cache_max_bytes == 0 {
             return Err(self.invalid("coalescing.cache_max_bytes", "must be above zero"));
         }
-        let backend = &self.coalescing.backend;
-        if backend != "memory"
-            && !backend.starts_with("redis://")
-            && !backend.starts_with("rediss://")
-        {
-            return Err(self.invalid(
-                "coalescing.backend",
-                "expected \"memory\" or a redis:// URL",
-            ));
-        }
+        self.coalescing
+            .shared_backend()
+            .map_err(|m| self.invalid("coalescing.backend", m))?;
 
         if self.jobs.attempt_lease < Duration::from_millis(300) {
             return Err(self.invalid("jobs.attempt_lease", "must be at least 300ms"));
@@ -1130,5 +1193,52 @@ targets = [{ provider = "a", model = "x", context_window = 1024 }, { provider = 
         let text = "[[tenants]]\nname = \"a\"\napi_keys = [\"sk-same-key\"]\n[[tenants]]\nname = \"b\"\napi_keys = [\"sk-same-key\"]\n";
         let err = parse(text).unwrap_err().to_string();
         assert!(err.contains("tenants[1].api_keys[0]"), "{err}");
+    }
+
+    #[test]
+    fn the_coalescing_backend_is_memory_one_redis_or_a_cluster() {
+        let backend = |b: &str| {
+            parse(&format!("[coalescing]\nbackend = \"{b}\"\n"))
+                .map(|c| c.coalescing.shared_backend().unwrap())
+        };
+        assert_eq!(backend("memory").unwrap(), SharedBackend::Memory);
+        assert_eq!(
+            backend("redis://127.0.0.1:6379/2").unwrap(),
+            SharedBackend::Redis("redis://127.0.0.1:6379/2".into())
+        );
+        assert_eq!(
+            backend("redis+cluster://127.0.0.1:7000,redis-b:7001,[::1]:7002/").unwrap(),
+            SharedBackend::RedisCluster(vec![
+                "redis://127.0.0.1:7000".into(),
+                "redis://redis-b:7001".into(),
+                "redis://[::1]:7002".into(),
+            ])
+        );
+        // The credentials reach every seed node.
+        assert_eq!(
+            backend("redis+cluster://idem:s%40cret@a:7000,b:7000").unwrap(),
+            SharedBackend::RedisCluster(vec![
+                "redis://idem:s%40cret@a:7000".into(),
+                "redis://idem:s%40cret@b:7000".into(),
+            ])
+        );
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://a:7000,",
+            "redis+cluster://a",
+            "redis+cluster://a:0",
+            "redis+cluster://a:70000",
+            "redis+cluster://::1:7000",
+            "redis+cluster://a:7000,b:7000/1",
+            "redis+cluster://a:7000?protocol=3",
+            "redis-cluster://a:7000",
+            "cluster://a:7000",
+            "",
+        ] {
+            let err = backend(bad).unwrap_err().to_string();
+            assert!(err.contains("`coalescing.backend`"), "{bad}: {err}");
+        }
+        let err = backend("redis+cluster://a:7000,b").unwrap_err().to_string();
+        assert!(err.contains("\"b\" is not host:port"), "{err}");
     }
 }

@@ -1,5 +1,6 @@
 //! Shared flights and cache across replicas (`coalescing.backend =
-//! "redis://..."`, SPEC sections 4 and 9).
+//! "redis://..."` for one server, `"redis+cluster://..."` for a Redis
+//! Cluster; SPEC sections 4 and 9).
 //!
 //! Each replica still coalesces locally first (its flight table), so only
 //! one task per fingerprint per replica ever talks to Redis. That task runs
@@ -26,10 +27,13 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::{ProtocolVersion, PushKind, Script};
 use tokio::sync::Notify;
 
 use crate::answer::Answer;
+use crate::config::SharedBackend;
 use crate::metrics::Metrics;
 
 use super::table::FlightKey;
@@ -100,6 +104,8 @@ pub enum SharedError {
     Timeout(Duration),
     #[error("redis is not connected")]
     NotConnected,
+    #[error("the coalescing backend is memory: there is no redis to connect to")]
+    Memory,
     #[error("unexpected reply from a redis script")]
     Reply,
 }
@@ -193,9 +199,146 @@ redis.call('SET', KEYS[1], g .. ':' .. ARGV[2], 'PX', ARGV[3])
 return {'lead', tostring(g)}
 ";
 
+/// The command connection: one server's connection manager, or a cluster
+/// connection, which sends each script to the master of its first key's
+/// slot (every key of a script is in that slot: one hash tag) and follows
+/// the cluster's redirections when slots move.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    /// Records the commands and fails them, so tests can look at what would
+    /// be sent.
+    #[cfg(test)]
+    Recorder(Arc<std::sync::Mutex<Vec<redis::Cmd>>>),
+}
+
+impl Conn {
+    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Conn::Single(c) => c.subscribe(channel).await,
+            Conn::Cluster(c) => c.subscribe(channel).await,
+            #[cfg(test)]
+            Conn::Recorder(_) => Ok(()),
+        }
+    }
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            #[cfg(test)]
+            Conn::Recorder(r) => {
+                r.lock().unwrap().push(cmd.clone());
+                Box::pin(async { Err((redis::ErrorKind::Io, "recorded").into()) })
+            }
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(test)]
+            Conn::Recorder(_) => Box::pin(async { Err((redis::ErrorKind::Io, "recorded").into()) }),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            #[cfg(test)]
+            Conn::Recorder(_) => 0,
+        }
+    }
+}
+
+type Pushes = tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>;
+
+/// Bounds a connection attempt: a server that accepts but never answers
+/// must not hold the start-up.
+async fn within<T>(
+    limit: Duration,
+    connecting: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, SharedError> {
+    Ok(tokio::time::timeout(limit, connecting)
+        .await
+        .map_err(|_| SharedError::Timeout(limit))??)
+}
+
+/// One server: a command connection and a subscribing one, both managers
+/// that reconnect by themselves (the subscriber re-subscribes).
+async fn connect_single(url: &str, timeout: Duration) -> Result<(Conn, Conn, Pushes), SharedError> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let client = redis::Client::open(info.set_redis_settings(settings))?;
+    let base = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(timeout))
+        .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
+        .set_max_delay(Duration::from_secs(2))
+        .set_number_of_retries(1);
+    let conn = within(
+        timeout * 8,
+        client.get_connection_manager_with_config(base.clone()),
+    )
+    .await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let sub = within(
+        timeout * 8,
+        client.get_connection_manager_with_config(
+            base.set_push_sender(tx).set_automatic_resubscription(),
+        ),
+    )
+    .await?;
+    Ok((Conn::Single(conn), Conn::Single(sub), rx))
+}
+
+/// A Redis Cluster, from its seed nodes: a command connection and a
+/// subscribing one. Each keeps a connection per node, reconnects a lost
+/// node by itself and refreshes the slot map on a redirection; the
+/// subscriber re-subscribes on the node that owns the channel's slot. A
+/// PUBLISH on any node reaches the subscribers of every node, so one
+/// subscription per replica hears every completion.
+async fn connect_cluster(
+    nodes: &[String],
+    timeout: Duration,
+) -> Result<(Conn, Conn, Pushes), SharedError> {
+    // Few retries, quickly: the per-operation timeout bounds every call
+    // anyway, and a call given up on must not linger in retries behind it.
+    let builder = || {
+        ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            .use_protocol(ProtocolVersion::RESP3)
+            .connection_timeout(timeout.max(Duration::from_millis(500)))
+            .response_timeout(timeout)
+            .retries(3)
+            .min_retry_wait(10)
+            .max_retry_wait(ms(timeout).max(20))
+    };
+    let commands = builder().build()?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let subscriber = builder().push_sender(tx).build()?;
+    let conn = within(timeout * 8, commands.get_async_connection()).await?;
+    let sub = within(timeout * 8, subscriber.get_async_connection()).await?;
+    Ok((Conn::Cluster(conn), Conn::Cluster(sub), rx))
+}
+
 /// The Redis side of coalescing for one replica.
 pub struct RedisFlights {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: String,
     channel: String,
     timeout: Duration,
@@ -212,62 +355,26 @@ pub struct RedisFlights {
 }
 
 impl RedisFlights {
-    /// Connects (command connection and subscription). The connection
-    /// manager reconnects by itself after an outage and re-subscribes.
+    /// Connects to one server or to a cluster (command connection and
+    /// subscription); both reconnect by themselves after an outage and
+    /// re-subscribe.
     pub async fn connect(
-        url: &str,
+        backend: &SharedBackend,
         prefix: &str,
         timeout: Duration,
         poll: Duration,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<RedisFlights>, SharedError> {
-        let info = redis::IntoConnectionInfo::into_connection_info(url)?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let client = redis::Client::open(info.set_redis_settings(settings))?;
-        let base = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
-            .set_max_delay(Duration::from_secs(2))
-            .set_number_of_retries(1);
-        let conn = tokio::time::timeout(
-            timeout * 8,
-            client.get_connection_manager_with_config(base.clone()),
-        )
-        .await
-        .map_err(|_| SharedError::Timeout(timeout * 8))??;
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut sub = tokio::time::timeout(
-            timeout * 8,
-            client.get_connection_manager_with_config(
-                base.set_push_sender(tx).set_automatic_resubscription(),
-            ),
-        )
-        .await
-        .map_err(|_| SharedError::Timeout(timeout * 8))??;
-        let channel = format!("{prefix}:done");
-        sub.subscribe(&channel).await?;
-        let shared = Arc::new(RedisFlights {
-            conn,
-            prefix: prefix.to_string(),
-            channel,
-            timeout,
-            poll,
-            waiters: DashMap::new(),
-            metrics,
-            begin: Script::new(BEGIN),
-            renew: Script::new(RENEW),
-            complete: Script::new(COMPLETE),
-            poll_script: Script::new(POLL),
-            last_error_log: AtomicU64::new(0),
-            started: Instant::now(),
-            healthy: AtomicBool::new(true),
-        });
+        let (conn, mut sub, mut rx) = match backend {
+            SharedBackend::Redis(url) => connect_single(url, timeout).await?,
+            SharedBackend::RedisCluster(nodes) => connect_cluster(nodes, timeout).await?,
+            SharedBackend::Memory => return Err(SharedError::Memory),
+        };
+        let shared = Arc::new(RedisFlights::new(conn, prefix, timeout, poll, metrics));
+        sub.subscribe(&shared.channel).await?;
         // Completion messages wake the local waiter of that flight; a
         // disconnection wakes them all, so they poll for what they missed,
-        // and a ping until it answers makes the manager reconnect (and
+        // and a ping until it answers makes the connection reconnect (and
         // re-subscribe) even though nothing else is sent on it.
         let weak = Arc::downgrade(&shared);
         tokio::spawn(async move {
@@ -309,6 +416,31 @@ impl RedisFlights {
             }
         });
         Ok(shared)
+    }
+
+    fn new(
+        conn: Conn,
+        prefix: &str,
+        timeout: Duration,
+        poll: Duration,
+        metrics: Arc<Metrics>,
+    ) -> RedisFlights {
+        RedisFlights {
+            conn,
+            prefix: prefix.to_string(),
+            channel: format!("{prefix}:done"),
+            timeout,
+            poll,
+            waiters: DashMap::new(),
+            metrics,
+            begin: Script::new(BEGIN),
+            renew: Script::new(RENEW),
+            complete: Script::new(COMPLETE),
+            poll_script: Script::new(POLL),
+            last_error_log: AtomicU64::new(0),
+            started: Instant::now(),
+            healthy: AtomicBool::new(true),
+        }
     }
 
     fn key(&self, key: &FlightKey, what: &str) -> String {
@@ -574,7 +706,9 @@ mod tests {
         let metrics = Arc::new(Metrics::new(&config));
         let prefix = format!("idem-unit-{}", uuid::Uuid::now_v7().simple());
         let url = redis_url();
-        match RedisFlights::connect(&url, &prefix, Duration::from_secs(1), poll, metrics).await {
+        let backend = SharedBackend::Redis(url.clone());
+        match RedisFlights::connect(&backend, &prefix, Duration::from_secs(1), poll, metrics).await
+        {
             Ok(s) => s,
             Err(e) => panic!(
                 "Redis not reachable at {url}: {e}. Start it with: redis-server --daemonize yes \
@@ -637,6 +771,56 @@ mod tests {
         s.complete(k, l, &answer(text), Some(KEEP), None, KEEP)
             .await
             .unwrap()
+    }
+
+    /// A Redis Cluster runs a script only when all its keys are in one slot.
+    /// The cluster client sends an EVALSHA to the master of its first key
+    /// (the argument after the key count), so it must carry its keys.
+    #[tokio::test]
+    async fn every_script_keeps_to_one_slot_and_names_its_keys() {
+        use redis::cluster_routing::Slot;
+        let recorded = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let config = Config::from_toml_str("", Source::Embedded, false).unwrap();
+        let s = RedisFlights::new(
+            Conn::Recorder(recorded.clone()),
+            "idem",
+            Duration::from_secs(1),
+            Duration::from_millis(50),
+            Arc::new(Metrics::new(&config)),
+        );
+        let k = key();
+        let l = lease(1, "a");
+        assert!(s.begin(&k, "a", LEASE, true, true).await.is_err());
+        assert!(s.renew(&k, &l, LEASE).await.is_err());
+        let a = answer("x");
+        assert!(
+            s.complete(&k, &l, &a, Some(KEEP), Some(KEEP), KEEP)
+                .await
+                .is_err()
+        );
+        assert!(s.wait_remote(&k, 1, "b", LEASE, true).await.is_err());
+        let commands = recorded.lock().unwrap();
+        assert_eq!(commands.len(), 4);
+        let tag = format!("{{{}}}", k.fp.to_hex());
+        for cmd in commands.iter() {
+            let args: Vec<Vec<u8>> = cmd
+                .args_iter()
+                .map(|a| match a {
+                    redis::Arg::Simple(b) => b.to_vec(),
+                    _ => panic!("a script call with a cursor"),
+                })
+                .collect();
+            assert_eq!(args[0], b"EVALSHA");
+            let n: usize = std::str::from_utf8(&args[2]).unwrap().parse().unwrap();
+            let keys = &args[3..3 + n];
+            assert!(n >= 1);
+            let slot = Slot::for_key(&keys[0]);
+            for key in keys {
+                let text = std::str::from_utf8(key).unwrap();
+                assert!(text.starts_with("idem:") && text.contains(&tag), "{text}");
+                assert_eq!(Slot::for_key(key), slot, "{text} is in another slot");
+            }
+        }
     }
 
     #[tokio::test]

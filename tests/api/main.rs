@@ -19,6 +19,7 @@ mod hostile;
 mod jobs;
 mod ops;
 mod provenance;
+mod redis_cluster;
 mod redis_outage;
 mod replicas;
 mod takeover;

@@ -19,6 +19,13 @@ pub fn redis_url() -> String {
 
 /// Fails with a clear message when Redis is not there.
 pub(crate) fn require_redis(url: &str) {
+    // A cluster's URL lists its seed nodes: each must answer.
+    if let Some(nodes) = url.strip_prefix("redis+cluster://") {
+        for node in nodes.split(',') {
+            require_redis(&format!("redis://{node}"));
+        }
+        return;
+    }
     let ok = redis::Client::open(url)
         .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
         .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
