@@ -199,6 +199,8 @@ pub struct JobRecord {
     pub not_before: i64,
     pub claimed_by: Option<String>,
     pub claim_until: Option<i64>,
+    /// Manual retries granted (each one attempt beyond `attempts.max`).
+    pub retries: i32,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -343,7 +345,8 @@ pub trait Store: Send + Sync + 'static {
     /// `running` -> `queued` (not before `not_before`), version + 1, claim
     /// cleared; only if no attempt is active and, when `worker` is given,
     /// only if that worker holds the claim. Also `failed` -> `queued` when
-    /// `reopen` (a manual retry). Returns whether the row changed.
+    /// `reopen` (a manual retry), which grants the job one more attempt
+    /// (`retries` + 1). Returns whether the row changed.
     async fn requeue(
         &self,
         job_id: &str,
