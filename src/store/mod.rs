@@ -37,6 +37,20 @@ pub enum StoreError {
     Corrupt(String),
     #[error("unsupported storage url (expected sqlite:// or postgres://)")]
     UnsupportedUrl,
+    /// Another `idem serve` holds the SQLite file (see
+    /// [`sqlite::ServeLock`]).
+    #[error(
+        "another `idem serve`{} already uses this SQLite file (it holds the lock on {path}); \
+         one SQLite file serves one gateway: stop that one first, or use PostgreSQL to run several",
+        holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    Locked { path: String, holder: Option<u32> },
+    #[error("cannot lock {path}: {source}")]
+    Lock {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl From<sqlx::Error> for StoreError {

@@ -661,3 +661,84 @@ async fn a_late_answer_within_the_window_still_completes_the_job() {
     assert_eq!(ja["result"], jb["result"]);
     assert_eq!(app.calls(), 1);
 }
+
+async fn job_id(resp: reqwest::Response) -> String {
+    let v: Value = resp.json().await.unwrap();
+    v["id"].as_str().unwrap().to_string()
+}
+
+/// Runs `idem serve` on `config` and expects it to exit without
+/// listening; returns what it printed on stderr.
+async fn serve_refused(config: &std::path::Path) -> String {
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env_remove("IDEM_CONFIG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the second gateway neither started nor exited: it is serving")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success() && !stdout.contains("idem listening"),
+        "the second gateway started: {stdout}"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_gateway_on_one_sqlite_file_refuses_to_start_and_a_killed_ones_lock_does_not_stay()
+{
+    let mocks = start_mocks(&holding()).await;
+    let (mut first, dir) = Proc::start_default(&mocks).await;
+    let config = dir.join("idem.toml");
+    let client = client();
+    let r = client
+        .post(format!("{}/v1/jobs", first.base))
+        .bearer_auth(ACME)
+        .header("idempotency-key", "one-file")
+        .json(&job_request("mine alone"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let id = job_id(r).await;
+    held(&mocks.primary, 1).await;
+
+    let stderr = serve_refused(&config).await;
+    assert!(stderr.contains("another `idem serve`"), "{stderr}");
+    assert!(stderr.contains(&first.pid().to_string()), "{stderr}");
+    assert!(stderr.contains("idem.db"), "{stderr}");
+    // The refused gateway did not touch the first one's live attempt.
+    let get = |base: String| {
+        let (client, id) = (client.clone(), id.clone());
+        async move {
+            client
+                .get(format!("{base}/v1/jobs/{id}"))
+                .bearer_auth(ACME)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let j = get(first.base.clone()).await;
+    assert_eq!(j["attempts"][0]["state"], "starting", "{j}");
+
+    // SIGKILL leaves the lock file behind, not the lock: a restart starts.
+    first.child.kill().await.unwrap();
+    let _ = first.child.wait().await;
+    let second = Proc::start(&config, &[]).await;
+    let j = get(second.base.clone()).await;
+    assert_eq!(j["attempts"][0]["state"], "unknown", "{j}");
+    assert_eq!(j["attempts"][0]["reason"], "lease_expired");
+    drop(second);
+    let _ = std::fs::remove_dir_all(&dir);
+}
