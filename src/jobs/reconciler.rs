@@ -31,6 +31,9 @@ pub async fn on_startup(app: &AppState) {
 
 pub async fn run(app: AppState, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(app.config.jobs.reconcile_interval);
+    // After a stall, one pass and then the interval again, not a burst of
+    // passes back to back.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tokio::select! {
@@ -74,6 +77,9 @@ pub async fn once(app: &AppState) {
         Ok(list) => app.metrics.jobs_unknown.set(list.len() as f64),
         Err(e) => tracing::warn!(error = %e, "cannot count unknown attempts"),
     }
+    // Counted once the pass is over: whoever watches it knows that what
+    // was due before the pass began has been looked at.
+    app.metrics.reconciler_passes.increment(1);
 }
 
 async fn auto_resolve(app: &AppState, now: i64) {

@@ -37,6 +37,14 @@ async fn job_until(app: &TestApp, tenant: &str, id: &str, cond: impl Fn(&Value) 
     panic!("job never reached the expected state: {last}");
 }
 
+/// The value of one Prometheus sample line (`name{labels}`), 0 if absent.
+pub fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 fn state_is(s: &'static str) -> impl Fn(&Value) -> bool {
     move |j: &Value| j["state"] == s
 }
