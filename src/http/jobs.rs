@@ -291,8 +291,16 @@ pub async fn resolve(
                     code: "attempt_not_unknown",
                 });
             }
-            let why = format!("attempt {n} was unknown and resolved as {}", res.outcome);
-            app.store.fail_job(&id, &why, now).await?;
+            // The attempt's outcome is the job's: an attempt resolved as
+            // cancelled (the work is not wanted, done or not) cancels the
+            // job; one resolved as failed fails it (a manual retry may
+            // reopen it).
+            if to == AttemptState::Cancelled {
+                app.store.cancel_job(&job.tenant, &id, now).await?;
+            } else {
+                let why = format!("attempt {n} was unknown and resolved as failed");
+                app.store.fail_job(&id, &why, now).await?;
+            }
         }
         "succeeded" => {
             let result = res.result.ok_or_else(|| {

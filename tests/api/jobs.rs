@@ -675,6 +675,40 @@ async fn job_id(resp: reqwest::Response) -> String {
     v["id"].as_str().unwrap().to_string()
 }
 
+#[tokio::test]
+async fn resolving_an_unknown_attempt_as_cancelled_cancels_the_job() {
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            hang: true,
+            ..Behaviour::default()
+        },
+        attempts: "timeout = \"300ms\"\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "cancel-unknown", &job_request("never mind")).await).await;
+    job_until(&app, ACME, &id, |j| j["attempts"][0]["state"] == "unknown").await;
+    let r = app
+        .post_json(
+            ADMIN,
+            &format!("/v1/jobs/{id}/attempts/1/resolve"),
+            &json!({"outcome": "cancelled"}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let j: Value = r.json().await.unwrap();
+    assert_eq!(j["attempts"][0]["state"], "cancelled");
+    assert_eq!(j["state"], "cancelled", "{j}");
+    let j = job(&app, ACME, &id).await;
+    assert_eq!(j["state"], "cancelled");
+    // A cancelled job takes no more attempts.
+    let r = app
+        .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
+        .await;
+    assert_error(r, 409, "job_completed").await;
+}
+
 /// Runs `idem serve` on `config` and expects it to exit without
 /// listening; returns what it printed on stderr.
 async fn serve_refused(config: &std::path::Path) -> String {
