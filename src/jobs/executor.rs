@@ -2,10 +2,20 @@
 //!
 //! A worker claims one job at a time (the store hands each queued job to
 //! exactly one claimer), then makes attempts until one completes the job,
-//! the budget `attempts.max` runs out, or an attempt ends `unknown`, which
-//! holds the job (SPEC section 5: a timeout is never a failure). Each
-//! attempt goes through the coalescing layer on one target, so two jobs with
-//! the same payload still make one upstream call.
+//! the job's budget runs out, or an attempt ends `unknown`, which holds the
+//! job (a timeout is never a failure). The budget is `attempts.max` (plus
+//! one per manual retry) over the job's whole life: it counts the attempt
+//! rows in the store (hedges aside), so a job that comes back to the queue
+//! (an unknown attempt auto-resolved, an expired claim, a late failure)
+//! continues its count instead of starting a new one. Each attempt goes
+//! through the coalescing layer on one target, so two jobs with the same
+//! payload still make one upstream call (a retry on a target the job
+//! already tried makes its own).
+//!
+//! An attempt past `attempts.timeout` is `unknown`, and keeps listening
+//! for its call's answer until `attempts.late_result_window`: a late
+//! success completes the job by compare-and-swap, a late failure lets the
+//! job try again if its budget allows.
 //!
 //! With `attempts.hedge_after`, a second attempt starts on the next allowed
 //! target while the first is still in flight; whichever finishes first
@@ -25,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::answer::{Answer, Verdict};
+use crate::config::RouteAttempts;
 use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
 use crate::flight::{Ask, RequestBody, Source};
@@ -102,6 +113,19 @@ pub fn allowed_targets(_app: &AppState, route: &Route) -> Vec<usize> {
     failover::failover_set(route)
 }
 
+/// How many attempts a job may make in its whole life: the route's
+/// `attempts.max`, plus one for each manual retry it was granted.
+pub fn attempt_budget(policy: &RouteAttempts, job: &JobRecord) -> usize {
+    let retries = usize::try_from(job.retries).unwrap_or(0);
+    (policy.max as usize).saturating_add(retries)
+}
+
+/// The attempts that count against the budget: every one the job made, on
+/// any run, except hedges (the route's explicit extra beside an attempt).
+pub fn budgeted(attempts: &[AttemptRecord]) -> usize {
+    attempts.iter().filter(|a| !a.hedge).count()
+}
+
 /// Runs one claimed job until it is completed, held, or out of attempts.
 async fn run_job(app: &AppState, job: JobRecord) {
     let store = &app.jobs.store;
@@ -143,15 +167,46 @@ async fn run_job(app: &AppState, job: JobRecord) {
     };
 
     let policy = &route.config.attempts;
+    let budget = attempt_budget(policy, &job);
     let mut last = String::from("no attempt was made");
+    // Rounds of this run that could start no attempt (no target may take
+    // it): they start no row, but still use up the budget, or a route
+    // whose targets all refuse would be retried for ever.
+    let mut refused = 0usize;
     // Failovers that were not allowed, for the job's error.
     let mut blocked: Vec<String> = Vec::new();
-    for i in 0..policy.max {
-        let round = match failover::attempt_target(&app.metrics, &route, i as usize) {
+    // The pause before the next round, after a failed one.
+    let mut pause = None;
+    let made = loop {
+        // The budget counts the job's attempt rows, whichever run (or
+        // replica) made them.
+        let earlier = match store.attempts(&job.id).await {
+            Ok(attempts) => attempts,
+            Err(e) => {
+                // The claim lapses and the reconciler requeues the job.
+                tracing::error!(job = %job.id, error = %e, "cannot count the job's attempts");
+                return;
+            }
+        };
+        // A run that starts with its budget spent (by earlier runs)
+        // reports the last of those attempts.
+        if pause.is_none()
+            && let Some(reason) = earlier.last().and_then(|a| a.reason.clone())
+        {
+            last = reason;
+        }
+        let used = budgeted(&earlier).saturating_add(refused);
+        if used >= budget {
+            break used;
+        }
+        if let Some(pause) = pause.take() {
+            tokio::time::sleep(pause).await;
+        }
+        let round = match failover::attempt_target(&app.metrics, &route, used) {
             Ok(target) => {
-                // Attempt i would have gone to target i mod n: anything
-                // skipped on the way was a refused failover.
-                let natural = i as usize % route.targets.len().max(1);
+                // Attempt `used` would have gone to target `used` mod n:
+                // anything skipped on the way was a refused failover.
+                let natural = used % route.targets.len().max(1);
                 if target != natural
                     && let Some(t) = route.targets.get(natural)
                     && !failover::certified_for_failover(&route, t)
@@ -164,10 +219,19 @@ async fn run_job(app: &AppState, job: JobRecord) {
                         blocked.push(why);
                     }
                 }
-                run_round(app, &job, &route, &request, fp, target, policy.hedge_after).await
+                let round = RoundCtx {
+                    app,
+                    job: &job,
+                    route: &route,
+                    request: &request,
+                    fp,
+                    earlier: &earlier,
+                };
+                round.run(target, policy.hedge_after).await
             }
             Err(none) => {
                 tracing::warn!(job = %job.id, route = %route.name, reason = %none, "no target may take the attempt");
+                refused += 1;
                 Round::Failed(none.to_string())
             }
         };
@@ -178,11 +242,15 @@ async fn run_job(app: &AppState, job: JobRecord) {
             }
             Round::Failed(reason) => last = reason,
         }
-        if i + 1 < policy.max {
-            tokio::time::sleep(backoff(policy.backoff_base, policy.backoff_max, i)).await;
-        }
-    }
-    let mut reason = format!("all {} attempts failed; last: {last}", policy.max);
+        // The next round, if the budget allows one, waits a pause that
+        // grows with the attempts made so far.
+        pause = Some(backoff(
+            policy.backoff_base,
+            policy.backoff_max,
+            u32::try_from(used).unwrap_or(u32::MAX),
+        ));
+    };
+    let mut reason = format!("all {made} attempts failed; last: {last}");
     for b in blocked {
         reason.push_str("; ");
         reason.push_str(&b);
@@ -212,59 +280,127 @@ enum Round {
     Failed(String),
 }
 
-/// One attempt, plus a hedge if the first is still in flight after
-/// `hedge_after`.
-async fn run_round(
-    app: &AppState,
-    job: &JobRecord,
-    route: &Arc<Route>,
-    request: &Arc<Map<String, Value>>,
+/// What a round of attempts works on.
+struct RoundCtx<'a> {
+    app: &'a AppState,
+    job: &'a JobRecord,
+    route: &'a Arc<Route>,
+    request: &'a Arc<Map<String, Value>>,
     fp: Fingerprint,
-    target: usize,
-    hedge_after: Option<Duration>,
-) -> Round {
-    let first = match start(app, job, route, request, fp, target, false).await {
-        Ok(rx) => rx,
-        Err(round) => return round,
-    };
-    let Some(after) = hedge_after else {
-        return round_of(&[first.await.ok()]);
-    };
-    let mut first = first;
-    let early = tokio::select! {
-        end = &mut first => Some(end.ok()),
-        () = tokio::time::sleep(after) => None,
-    };
-    if let Some(end) = early {
-        return round_of(&[end]);
-    }
-    // Chosen only now, so a refused hedge is counted when it would have
-    // gone, and a half-open circuit's probe is taken only if used.
-    let hedge_target = match failover::hedge_target(&app.metrics, route, target) {
-        Ok(t) => t,
-        Err(none) => {
-            tracing::info!(job = %job.id, route = %route.name, reason = %none, "first attempt still in flight: no target to hedge to");
+    /// The job's attempts before this round.
+    earlier: &'a [AttemptRecord],
+}
+
+impl RoundCtx<'_> {
+    /// One attempt, plus a hedge if the first is still in flight after
+    /// `hedge_after`.
+    async fn run(&self, target: usize, hedge_after: Option<Duration>) -> Round {
+        let (app, job, route) = (self.app, self.job, self.route);
+        let first = match self.start(target, false).await {
+            Ok(rx) => rx,
+            Err(round) => return round,
+        };
+        let Some(after) = hedge_after else {
             return round_of(&[first.await.ok()]);
+        };
+        let mut first = first;
+        let early = tokio::select! {
+            end = &mut first => Some(end.ok()),
+            () = tokio::time::sleep(after) => None,
+        };
+        if let Some(end) = early {
+            return round_of(&[end]);
         }
-    };
-    tracing::info!(job = %job.id, route = %route.name, "first attempt still in flight: hedging");
-    let second = match start(app, job, route, request, fp, hedge_target, true).await {
-        Ok(rx) => rx,
-        // Could not hedge (job closed meanwhile): wait for the first.
-        Err(_) => return round_of(&[first.await.ok()]),
-    };
-    // The first attempt to complete the job ends the round; a failure
-    // waits for the other attempt.
-    let mut second = second;
-    let (end, other) = tokio::select! {
-        e = &mut first => (e.ok(), second),
-        e = &mut second => (e.ok(), first),
-    };
-    if matches!(end, Some(AttemptEnd::Won) | Some(AttemptEnd::Lost)) {
-        return Round::Completed;
+        // Chosen only now, so a refused hedge is counted when it would have
+        // gone, and a half-open circuit's probe is taken only if used.
+        let hedge_target = match failover::hedge_target(&app.metrics, route, target) {
+            Ok(t) => t,
+            Err(none) => {
+                tracing::info!(job = %job.id, route = %route.name, reason = %none, "first attempt still in flight: no target to hedge to");
+                return round_of(&[first.await.ok()]);
+            }
+        };
+        tracing::info!(job = %job.id, route = %route.name, "first attempt still in flight: hedging");
+        let second = match self.start(hedge_target, true).await {
+            Ok(rx) => rx,
+            // Could not hedge (job closed meanwhile): wait for the first.
+            Err(_) => return round_of(&[first.await.ok()]),
+        };
+        // The first attempt to complete the job ends the round; a failure
+        // waits for the other attempt.
+        let mut second = second;
+        let (end, other) = tokio::select! {
+            e = &mut first => (e.ok(), second),
+            e = &mut second => (e.ok(), first),
+        };
+        if matches!(end, Some(AttemptEnd::Won) | Some(AttemptEnd::Lost)) {
+            return Round::Completed;
+        }
+        let end2 = other.await.ok();
+        round_of(&[end, end2])
     }
-    let end2 = other.await.ok();
-    round_of(&[end, end2])
+
+    /// Writes the attempt row, then runs the attempt in its own task (it
+    /// may outlive the round: a hedge's loser finishes and is discarded, an
+    /// unknown attempt keeps listening for a late answer).
+    async fn start(
+        &self,
+        target: usize,
+        hedge: bool,
+    ) -> Result<oneshot::Receiver<AttemptEnd>, Round> {
+        let (app, job, route) = (self.app, self.job, self.route);
+        let Some(t) = route.targets.get(target) else {
+            return Err(Round::Failed("no such target".into()));
+        };
+        let now = now_ms();
+        let lease = app.config.jobs.attempt_lease;
+        let started = app
+            .jobs
+            .store
+            .start_attempt(
+                &job.id,
+                &t.provider.name,
+                &t.model,
+                hedge,
+                &app.jobs.worker_id,
+                now,
+                now + ms(lease),
+            )
+            .await;
+        let attempt = match started {
+            Ok(StartAttempt::Started(a)) => a,
+            Ok(StartAttempt::Busy) => return Err(Round::Held),
+            Ok(StartAttempt::Closed) => return Err(Round::Closed),
+            Err(e) => {
+                tracing::error!(job = %job.id, error = %e, "cannot start an attempt");
+                return Err(Round::Held);
+            }
+        };
+        tracing::info!(job = %job.id, attempt = attempt.n, provider = %t.provider.name, hedge, "attempt started");
+        // A retry on a target this job already tried makes its own call:
+        // the earlier attempt's call may still be running (an unknown
+        // attempt's call lasts its late window, even once the attempt is
+        // resolved), and following it would only wait for the answer the
+        // retry is there to replace. The first try on a target shares its
+        // call with identical work in flight.
+        let retry = self
+            .earlier
+            .iter()
+            .any(|e| e.provider == t.provider.name.as_ref() && e.model == t.model.as_ref());
+        let (tx, rx) = oneshot::channel();
+        let ctx = AttemptCtx {
+            app: app.clone(),
+            tenant: Arc::from(job.tenant.as_str()),
+            route: route.clone(),
+            request: self.request.clone(),
+            fp: self.fp,
+            target,
+            share: !retry,
+            attempt,
+        };
+        tokio::spawn(ctx.run(tx));
+        Ok(rx)
+    }
 }
 
 fn round_of(ends: &[Option<AttemptEnd>]) -> Round {
@@ -291,60 +427,6 @@ fn round_of(ends: &[Option<AttemptEnd>]) -> Round {
     Round::Failed(reason)
 }
 
-/// Writes the attempt row, then runs the attempt in its own task (it may
-/// outlive the round: a hedge's loser finishes and is discarded, an unknown
-/// attempt keeps listening for a late answer).
-async fn start(
-    app: &AppState,
-    job: &JobRecord,
-    route: &Arc<Route>,
-    request: &Arc<Map<String, Value>>,
-    fp: Fingerprint,
-    target: usize,
-    hedge: bool,
-) -> Result<oneshot::Receiver<AttemptEnd>, Round> {
-    let Some(t) = route.targets.get(target) else {
-        return Err(Round::Failed("no such target".into()));
-    };
-    let now = now_ms();
-    let lease = app.config.jobs.attempt_lease;
-    let started = app
-        .jobs
-        .store
-        .start_attempt(
-            &job.id,
-            &t.provider.name,
-            &t.model,
-            hedge,
-            &app.jobs.worker_id,
-            now,
-            now + ms(lease),
-        )
-        .await;
-    let attempt = match started {
-        Ok(StartAttempt::Started(a)) => a,
-        Ok(StartAttempt::Busy) => return Err(Round::Held),
-        Ok(StartAttempt::Closed) => return Err(Round::Closed),
-        Err(e) => {
-            tracing::error!(job = %job.id, error = %e, "cannot start an attempt");
-            return Err(Round::Held);
-        }
-    };
-    tracing::info!(job = %job.id, attempt = attempt.n, provider = %t.provider.name, hedge, "attempt started");
-    let (tx, rx) = oneshot::channel();
-    let ctx = AttemptCtx {
-        app: app.clone(),
-        tenant: Arc::from(job.tenant.as_str()),
-        route: route.clone(),
-        request: request.clone(),
-        fp,
-        target,
-        attempt,
-    };
-    tokio::spawn(ctx.run(tx));
-    Ok(rx)
-}
-
 struct AttemptCtx {
     app: AppState,
     tenant: Arc<str>,
@@ -352,6 +434,8 @@ struct AttemptCtx {
     request: Arc<Map<String, Value>>,
     fp: Fingerprint,
     target: usize,
+    /// Whether the call may be shared with identical work in flight.
+    share: bool,
     attempt: AttemptRecord,
 }
 
@@ -377,9 +461,11 @@ impl AttemptCtx {
             }))
         };
         let cfg = &self.route.config;
-        // A follower attempt may wait for its leader as long as a late
-        // answer still counts; the attempt timeout below decides when the
-        // attempt becomes unknown, without abandoning the call.
+        let target = &self.route.targets[self.target];
+        // How long a late answer still counts, from the attempt's start:
+        // the attempt timeout decides when the attempt becomes unknown,
+        // without abandoning the call, which may run (and a follower
+        // attempt may wait for its leader) until then.
         let late = policy.late_result_window.max(policy.timeout);
         let body = RequestBody::kept(self.request.clone());
         let ask = Ask {
@@ -390,11 +476,10 @@ impl AttemptCtx {
             read_cache: cfg.cache.enabled,
             read_negative: false,
             write_cache: true,
-            coalesce: cfg.coalesce.enabled,
+            coalesce: cfg.coalesce.enabled && self.share,
             only_target: Some(self.target),
             max_wait: Some(late),
         };
-        let target = &self.route.targets[self.target];
         let work = async {
             let mut delivery = app.coalescer.obtain(&ask).await?;
             // `running`: the provider answered with headers and the body is
@@ -528,16 +613,59 @@ impl AttemptCtx {
             }
             Verdict::Failed(reason) => {
                 let late = format!("late_{reason}");
-                let _ = app
+                let finished = app
                     .jobs
                     .store
                     .finish_attempt(&a.job_id, a.n, AttemptState::Failed, Some(&late), now_ms())
                     .await;
+                // Resolved by somebody else meanwhile: theirs is the say.
+                if !matches!(finished, Ok(true)) {
+                    return;
+                }
+                app.metrics
+                    .attempt(&self.route.targets[self.target].provider.name, "failed");
                 let why = format!("attempt {} failed after its timeout: {reason}", a.n);
-                let _ = app.jobs.store.fail_job(&a.job_id, &why, now_ms()).await;
+                self.after_late_failure(&why).await;
                 app.jobs.changed(&a.job_id);
             }
             Verdict::Unknown(_) => {}
+        }
+    }
+
+    /// The job's next step once its unknown attempt turned out failed: back
+    /// to the queue (after a backoff) while its budget allows another
+    /// attempt, else failed.
+    async fn after_late_failure(&self, why: &str) {
+        let (app, a) = (&self.app, &self.attempt);
+        let store = &app.jobs.store;
+        let policy = &self.route.config.attempts;
+        let (job, made) = match (
+            store.job(None, &a.job_id).await,
+            store.attempts(&a.job_id).await,
+        ) {
+            (Ok(Some(job)), Ok(attempts)) => (job, budgeted(&attempts)),
+            (Ok(None), _) => return,
+            (Err(e), _) | (_, Err(e)) => {
+                // The reconciler requeues the job once its claim lapses;
+                // the next run counts the attempts again.
+                tracing::error!(job = %a.job_id, error = %e, "cannot read the job after a late failure");
+                return;
+            }
+        };
+        let now = now_ms();
+        if made < attempt_budget(policy, &job) {
+            let i = u32::try_from(made.saturating_sub(1)).unwrap_or(u32::MAX);
+            let not_before = now + ms(backoff(policy.backoff_base, policy.backoff_max, i));
+            match store.requeue(&a.job_id, None, not_before, false, now).await {
+                Ok(true) => {
+                    tracing::info!(job = %a.job_id, attempt = a.n, "late failure: the job goes back to the queue");
+                    app.jobs.wake();
+                }
+                Ok(false) => {}
+                Err(e) => tracing::error!(job = %a.job_id, error = %e, "cannot requeue the job"),
+            }
+        } else if let Err(e) = store.fail_job(&a.job_id, why, now).await {
+            tracing::error!(job = %a.job_id, error = %e, "cannot fail job");
         }
     }
 }
@@ -577,6 +705,42 @@ mod tests {
             let mean = draws.iter().sum::<f64>() / draws.len() as f64;
             assert!((mean - 0.5).abs() < 0.03, "{i}: mean {mean}");
         }
+    }
+
+    #[test]
+    fn the_budget_is_max_plus_one_per_manual_retry() {
+        let policy = RouteAttempts {
+            max: 3,
+            ..RouteAttempts::default()
+        };
+        let job = |retries| JobRecord {
+            id: "j".into(),
+            tenant: "t".into(),
+            idempotency_key: "k".into(),
+            payload_hash: "h".into(),
+            fingerprint: "f".into(),
+            route: "r".into(),
+            request: "{}".into(),
+            metadata: None,
+            state: crate::store::JobState::Running,
+            version: 1,
+            completed_by: None,
+            result: None,
+            error: None,
+            not_before: 0,
+            claimed_by: None,
+            claim_until: None,
+            retries,
+            created_at: 0,
+            updated_at: 0,
+        };
+        assert_eq!(attempt_budget(&policy, &job(0)), 3);
+        assert_eq!(attempt_budget(&policy, &job(2)), 5);
+        assert_eq!(
+            attempt_budget(&policy, &job(-1)),
+            3,
+            "a corrupt count grants nothing"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 use tokio_util::sync::CancellationToken;
 
 use crate::http::AppState;
+use crate::jobs::executor;
 use crate::store::{AttemptState, Backend, JobState, now_ms};
 
 /// At start-up: with SQLite only this process uses the file, so an attempt
@@ -119,9 +120,9 @@ async fn auto_resolve(app: &AppState, now: i64) {
             .store
             .attempts(&a.job_id)
             .await
-            .map(|v| v.len())
+            .map(|v| executor::budgeted(&v))
             .unwrap_or(usize::MAX);
-        if job.state == JobState::Running && made < policy.max as usize {
+        if job.state == JobState::Running && made < executor::attempt_budget(policy, &job) {
             if let Ok(true) = app.store.requeue(&a.job_id, None, now, false, now).await {
                 app.jobs.wake();
             }

@@ -557,6 +557,30 @@ async fn failed_attempts_retry_with_backoff_then_fail_the_job() {
         "{j}"
     );
     assert_eq!(app.calls(), 3);
+    // A manual retry of the spent job grants it one attempt, not a new
+    // budget of three.
+    let id = v["id"].as_str().unwrap();
+    let retry = format!("/v1/jobs/{id}/attempts");
+    let r = app.post_json(ACME, &retry, &json!({}), &[]).await;
+    assert_eq!(r.status(), 202);
+    let j = job_until(&app, ACME, id, |j| {
+        j["state"] == "failed" && j["attempts"].as_array().unwrap().len() > 3
+    })
+    .await;
+    assert_eq!(j["attempts"].as_array().unwrap().len(), 4, "{j}");
+    assert!(
+        j["error"]
+            .as_str()
+            .unwrap()
+            .contains("all 4 attempts failed"),
+        "{j}"
+    );
+    assert_eq!(app.calls(), 4);
+    app.mock.set_behaviour(Behaviour::default());
+    let r = app.post_json(ACME, &retry, &json!({}), &[]).await;
+    assert_eq!(r.status(), 202);
+    let j = job_until(&app, ACME, id, state_is("succeeded")).await;
+    assert_eq!(j["completed_by"], 5, "{j}");
 }
 
 #[tokio::test]
@@ -673,6 +697,70 @@ async fn a_late_answer_within_the_window_still_completes_the_job() {
 async fn job_id(resp: reqwest::Response) -> String {
     let v: Value = resp.json().await.unwrap();
     v["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_requeued_job_keeps_counting_its_attempts() {
+    // Attempt 1 hangs and is auto-resolved as failed, which requeues the
+    // job; the next run has one attempt left of the job's two, not two.
+    let app = TestApp::with(Spec {
+        coalesce: "enabled = false\n".into(),
+        cache: "enabled = false\n".into(),
+        attempts: "max = 2\ntimeout = \"300ms\"\nauto_resolve_unknown_after = \"100ms\"\n\
+                   backoff_base = \"10ms\"\nbackoff_max = \"20ms\"\n"
+            .into(),
+        ..holding()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "budget-1", &job_request("twice at most")).await).await;
+    held(&app.mock, 1).await;
+    // From now on every call fails at once.
+    app.mock.set_behaviour(Behaviour {
+        fail_status: Some(500),
+        ..Behaviour::default()
+    });
+    let j = job_until(&app, ACME, &id, state_is("failed")).await;
+    let states: Vec<(&str, &str)> = j["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["state"].as_str().unwrap(), a["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![("failed", "auto_resolved"), ("failed", "provider_error")],
+        "{j}"
+    );
+    assert!(
+        j["error"]
+            .as_str()
+            .unwrap()
+            .contains("all 2 attempts failed"),
+        "{j}"
+    );
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_failure_with_budget_left_makes_the_next_attempt() {
+    let app = TestApp::with(Spec {
+        attempts: "max = 3\ntimeout = \"300ms\"\nbackoff_base = \"10ms\"\nbackoff_max = \"20ms\"\n"
+            .into(),
+        ..holding()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "late-fail-1", &job_request("try again")).await).await;
+    let seqs = held(&app.mock, 1).await;
+    job_until(&app, ACME, &id, |j| j["attempts"][0]["state"] == "unknown").await;
+    // The next call answers at once; the held one fails late.
+    app.mock.set_behaviour(Behaviour::default());
+    release_with(&app.mock, json!({"seq": seqs[0], "status": 500})).await;
+    let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
+    assert_eq!(j["completed_by"], 2, "{j}");
+    assert_eq!(j["attempts"][0]["state"], "failed");
+    assert_eq!(j["attempts"][0]["reason"], "late_provider_error");
+    assert_eq!(j["attempts"][1]["state"], "succeeded");
+    assert_eq!(app.calls(), 2);
 }
 
 #[tokio::test]
