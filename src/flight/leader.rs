@@ -40,6 +40,9 @@ pub struct LeaderJob {
     /// if that target produced it (the attempt's row names its provider and
     /// model; another target's answer would be credited to the wrong one).
     pub pinned: bool,
+    /// The bound of the upstream call: the provider's timeout, or longer
+    /// for a job attempt that still listens for a late answer.
+    pub call_timeout: Duration,
     pub cache: Arc<ResultCache>,
     pub shared: Arc<OnceLock<Arc<RedisFlights>>>,
     pub metrics: Arc<Metrics>,
@@ -110,6 +113,7 @@ pub async fn lead(job: LeaderJob) {
         &job.route,
         job.target,
         job.body.clone(),
+        job.call_timeout,
         &job.tenant,
         &job.metrics,
     );
@@ -224,14 +228,9 @@ async fn share(job: &LeaderJob, flight: &Arc<Flight>, shared: Arc<RedisFlights>)
     };
     // Another replica leads: wait for its answer, keeping this replica's own
     // flight lease alive meanwhile. Its call is bounded by the provider
-    // timeout; past that and a lease, something is wrong with it.
-    let timeout = job
-        .route
-        .targets
-        .get(job.target)
-        .map(|t| t.provider.timeout)
-        .unwrap_or(Duration::from_secs(30));
-    let deadline = Instant::now() + timeout + lease * 2;
+    // timeout (or this flight's longer bound); past that and a lease,
+    // something is wrong with it.
+    let deadline = Instant::now() + job.call_timeout + lease * 2;
     let heartbeat = async {
         let every = lease / 3;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -290,6 +289,7 @@ async fn call(
     route: &Route,
     target: usize,
     body: Bytes,
+    timeout: Duration,
     tenant: &str,
     metrics: &Metrics,
 ) -> Answer {
@@ -303,7 +303,7 @@ async fn call(
     };
     let provider = &t.provider;
     let started = Instant::now();
-    let reply = match provider.send(body, provider.timeout).await {
+    let reply = match provider.send(body, timeout).await {
         Ok(r) => r,
         Err(e) => {
             metrics.upstream_call(tenant, &provider.name, 0);

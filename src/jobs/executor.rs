@@ -12,10 +12,11 @@
 //! payload still make one upstream call (a retry on a target the job
 //! already tried makes its own).
 //!
-//! An attempt past `attempts.timeout` is `unknown`, and keeps listening
-//! for its call's answer until `attempts.late_result_window`: a late
-//! success completes the job by compare-and-swap, a late failure lets the
-//! job try again if its budget allows.
+//! An attempt past `attempts.timeout` is `unknown`, but its upstream call
+//! goes on (the provider's own timeout does not cut it) until
+//! `attempts.late_result_window`: a late success completes the job by
+//! compare-and-swap, a late failure lets the job try again if its budget
+//! allows.
 //!
 //! With `attempts.hedge_after`, a second attempt starts on the next allowed
 //! target while the first is still in flight; whichever finishes first
@@ -479,6 +480,7 @@ impl AttemptCtx {
             coalesce: cfg.coalesce.enabled && self.share,
             only_target: Some(self.target),
             max_wait: Some(late),
+            call_timeout: Some(late.max(target.provider.timeout)),
         };
         let work = async {
             let mut delivery = app.coalescer.obtain(&ask).await?;

@@ -45,6 +45,16 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Waits until the reconciler has made `n` whole passes from now.
+async fn reconciled(app: &TestApp, n: u32) {
+    let passes = "idem_reconciler_passes_total";
+    let from = sample(&app.metrics().await, passes);
+    eventually_async(Duration::from_secs(20), || async {
+        sample(&app.metrics().await, passes) >= from + f64::from(n)
+    })
+    .await;
+}
+
 fn state_is(s: &'static str) -> impl Fn(&Value) -> bool {
     move |j: &Value| j["state"] == s
 }
@@ -209,8 +219,10 @@ async fn a_timeout_is_unknown_blocks_retries_until_resolved() {
         j["state"], "running",
         "an unknown attempt must hold the job"
     );
-    // No automatic retry: give the executor every chance, then count.
-    app.until_no_flights().await;
+    // No automatic retry: give the executor every chance (the reconciler
+    // has looked at the job twice since, the workers have polled), then
+    // count.
+    reconciled(&app, 2).await;
     let j = job(&app, ACME, &id).await;
     assert_eq!(
         j["attempts"].as_array().unwrap().len(),
@@ -697,6 +709,43 @@ async fn a_late_answer_within_the_window_still_completes_the_job() {
 async fn job_id(resp: reqwest::Response) -> String {
     let v: Value = resp.json().await.unwrap();
     v["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attempt_past_its_timeout_is_unknown_and_its_late_answer_still_completes_the_job() {
+    // The provider's own timeout is shorter than the attempt's: a job
+    // attempt's call outlives both (up to the late window), so the answer
+    // that comes after them is still heard.
+    let app = TestApp::with(Spec {
+        provider_timeout: "500ms".into(),
+        attempts: "timeout = \"1s\"\n".into(),
+        ..holding()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "late-1", &job_request("slow provider")).await).await;
+    held(&app.mock, 1).await;
+    let j = job_until(&app, ACME, &id, |j| j["attempts"][0]["state"] == "unknown").await;
+    assert_eq!(j["attempts"][0]["reason"], "timeout");
+    assert_eq!(j["state"], "running", "an unknown attempt holds the job");
+    // Past both timeouts the call is still in progress, not abandoned.
+    let seqs = held(&app.mock, 1).await;
+    assert_eq!(seqs.len(), 1, "the provider call was cut");
+    assert_eq!(app.state.coalescer.table.inflight(), 1);
+    let r = app
+        .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
+        .await;
+    assert_error(r, 409, "attempt_in_progress").await;
+    release_with(
+        &app.mock,
+        json!({"seq": seqs[0], "content": "LATE BUT RIGHT"}),
+    )
+    .await;
+    let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
+    assert_eq!(j["completed_by"], 1);
+    assert_eq!(j["attempts"].as_array().unwrap().len(), 1, "{j}");
+    assert_eq!(j["attempts"][0]["state"], "succeeded");
+    assert_eq!(content_of(&j["result"]), "LATE BUT RIGHT");
+    assert_eq!(app.calls(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
