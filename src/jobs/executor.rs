@@ -16,7 +16,9 @@
 //! goes on (the provider's own timeout does not cut it) until
 //! `attempts.late_result_window`: a late success completes the job by
 //! compare-and-swap, a late failure lets the job try again if its budget
-//! allows.
+//! allows. An attempt whose lease renewal is refused (another replica
+//! declared it unknown while this one stalled) stops at once and completes
+//! nothing.
 //!
 //! With `attempts.hedge_after`, a second attempt starts on the next allowed
 //! target while the first is still in flight; whichever finishes first
@@ -446,21 +448,6 @@ impl AttemptCtx {
         let a = &self.attempt;
         let policy = &self.route.config.attempts;
         let deadline = Instant::now() + policy.timeout;
-        let lease_keeper = {
-            let store = app.jobs.store.clone();
-            let (id, n, owner) = (a.job_id.clone(), a.n, app.jobs.worker_id.clone());
-            let lease = app.config.jobs.attempt_lease;
-            AbortOnDrop(tokio::spawn(async move {
-                let every = lease / 3;
-                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                loop {
-                    tick.tick().await;
-                    let _ = store
-                        .renew_attempt(&id, n, &owner, now_ms() + ms(lease))
-                        .await;
-                }
-            }))
-        };
         let cfg = &self.route.config;
         let target = &self.route.targets[self.target];
         // How long a late answer still counts, from the attempt's start:
@@ -511,8 +498,19 @@ impl AttemptCtx {
             Ok::<_, ApiError>(answer)
         };
         tokio::pin!(work);
-        let outcome = tokio::time::timeout_at(deadline.into(), &mut work).await;
-        drop(lease_keeper);
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout_at(deadline.into(), &mut work) => outcome,
+            () = self.lease_lost() => {
+                // Somebody else ended this attempt (another replica's
+                // reconciler declared it unknown while this one stalled):
+                // it is no longer this worker's to finish, and whatever its
+                // call brings completes nothing.
+                tracing::warn!(job = %a.job_id, attempt = a.n, "attempt lease renewal refused: attempt stopped");
+                app.metrics.attempt(&target.provider.name, "lease_lost");
+                let _ = tx.send(AttemptEnd::Unknown("lease_lost".into()));
+                return;
+            }
+        };
         match outcome {
             Ok(Ok(answer)) => {
                 let end = self.settle(&answer).await;
@@ -536,6 +534,33 @@ impl AttemptCtx {
                 let window = late.saturating_sub(policy.timeout);
                 if let Ok(Ok(answer)) = tokio::time::timeout(window, &mut work).await {
                     self.settle_late(&answer).await;
+                }
+            }
+        }
+    }
+
+    /// Renews the attempt's lease every third of it while the attempt
+    /// runs; resolves when a renewal is refused: the attempt is no longer
+    /// `starting`/`running` under this owner. A renewal that fails (the
+    /// database is unreachable) is tried again at the next tick: the
+    /// lease covers a few of them.
+    async fn lease_lost(&self) {
+        let (app, a) = (&self.app, &self.attempt);
+        let lease = app.config.jobs.attempt_lease;
+        let every = lease / 3;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tick.tick().await;
+            let renewed = app
+                .jobs
+                .store
+                .renew_attempt(&a.job_id, a.n, &app.jobs.worker_id, now_ms() + ms(lease))
+                .await;
+            match renewed {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(job = %a.job_id, attempt = a.n, error = %e, "cannot renew the attempt's lease")
                 }
             }
         }

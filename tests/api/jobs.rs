@@ -812,6 +812,42 @@ async fn a_late_failure_with_budget_left_makes_the_next_attempt() {
     assert_eq!(app.calls(), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attempt_that_lost_its_lease_stops_and_does_not_complete_the_job() {
+    let app = TestApp::with(Spec {
+        jobs:
+            "attempt_lease = \"900ms\"\nreconcile_interval = \"200ms\"\npoll_interval = \"200ms\"\n"
+                .into(),
+        ..holding()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "lease-1", &job_request("who owns me")).await).await;
+    held(&app.mock, 1).await;
+    // Another replica's reconciler believed this one dead and declared the
+    // attempt unknown: the owner's next renewal is refused.
+    let expired = app
+        .state
+        .store
+        .expire_attempt_leases(i64::MAX, idem::store::now_ms())
+        .await
+        .unwrap();
+    assert_eq!(expired.len(), 1);
+    let lost = "idem_attempts_total{provider=\"primary\",outcome=\"lease_lost\"}";
+    eventually_async(Duration::from_secs(10), || async {
+        sample(&app.metrics().await, lost) >= 1.0
+    })
+    .await;
+    // The provider answers after all: the stopped attempt takes no part.
+    release(&app.mock, None).await;
+    app.until_no_flights().await;
+    let j = job(&app, ACME, &id).await;
+    assert_eq!(j["state"], "running", "{j}");
+    assert_eq!(j["attempts"][0]["state"], "unknown");
+    assert_eq!(j["attempts"][0]["reason"], "lease_expired");
+    assert!(j["result"].is_null());
+    assert_eq!(app.calls(), 1);
+}
+
 #[tokio::test]
 async fn resolving_an_unknown_attempt_as_cancelled_cancels_the_job() {
     let app = TestApp::with(Spec {
