@@ -495,6 +495,14 @@ impl AttemptCtx {
                 delivery = app.coalescer.obtain(&fresh).await?;
                 answer = delivery.answer().await;
             }
+            // A job is one incoming request, however it was created: its
+            // first attempt counts it, with how its answer was obtained
+            // (its own call, another's flight, the cache). Retries and
+            // hedges are more calls for the same request.
+            if a.n == 1 && !a.hedge {
+                app.metrics
+                    .request(&self.tenant, &self.route.name, delivery.outcome);
+            }
             Ok::<_, ApiError>(answer)
         };
         tokio::pin!(work);

@@ -882,6 +882,68 @@ async fn resolving_an_unknown_attempt_as_cancelled_cancels_the_job() {
     assert_error(r, 409, "job_completed").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_is_one_incoming_request_and_its_call_one_upstream_call() {
+    let app = TestApp::spawn().await;
+    let coalescing = |v: &Value| v["coalescing"].clone();
+    let id = job_id(create(&app, ACME, "count-1", &job_request("count me")).await).await;
+    job_until(&app, ACME, &id, state_is("succeeded")).await;
+    let (_, s) = app.get_json(ACME, "/v1/stats").await;
+    let s = coalescing(&s);
+    assert_eq!(
+        (&s["incoming_requests"], &s["upstream_calls"], &s["leaders"]),
+        (&json!(1), &json!(1), &json!(1)),
+        "{s}"
+    );
+    assert_eq!(s["upstream_ratio"], 1.0, "{s}");
+    // The same job asked for again is a replay that made no call.
+    let r = create(&app, ACME, "count-1", &job_request("count me")).await;
+    assert_eq!(r.status(), 200);
+    // A job on the chat path: one more incoming, one more call.
+    let r = app
+        .chat_with(
+            ACME,
+            &chat_body("count me too"),
+            &[("idempotency-key", "count-2")],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let (_, s) = app.get_json(ACME, "/v1/stats").await;
+    let s = coalescing(&s);
+    assert_eq!(
+        (&s["incoming_requests"], &s["upstream_calls"], &s["replays"]),
+        (&json!(3), &json!(2), &json!(1)),
+        "{s}"
+    );
+    assert_eq!(s["leaders"], 2, "{s}");
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_jobs_sharing_one_call_count_a_leader_and_a_follower() {
+    let app = TestApp::with(holding()).await;
+    let a = job_id(create(&app, ACME, "share-a", &job_request("same work")).await).await;
+    let b = job_id(create(&app, ACME, "share-b", &job_request("same work")).await).await;
+    held(&app.mock, 1).await;
+    app.until_followers(1).await;
+    release(&app.mock, None).await;
+    job_until(&app, ACME, &a, state_is("succeeded")).await;
+    job_until(&app, ACME, &b, state_is("succeeded")).await;
+    let (_, s) = app.get_json(ACME, "/v1/stats").await;
+    let s = &s["coalescing"];
+    assert_eq!(
+        (&s["incoming_requests"], &s["upstream_calls"]),
+        (&json!(2), &json!(1)),
+        "{s}"
+    );
+    assert_eq!(
+        (&s["leaders"], &s["followers"]),
+        (&json!(1), &json!(1)),
+        "{s}"
+    );
+    assert_eq!(s["saved_calls"], 1, "{s}");
+}
+
 /// Runs `idem serve` on `config` and expects it to exit without
 /// listening; returns what it printed on stderr.
 async fn serve_refused(config: &std::path::Path) -> String {
