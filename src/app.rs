@@ -26,12 +26,15 @@ use crate::metrics::Metrics;
 use crate::providers::Providers;
 use crate::reqlog::RequestLog;
 use crate::routes::Routes;
+use crate::store::sqlite::ServeLock;
 use crate::tenants::Keyring;
 
 /// A gateway ready to serve.
 pub struct App {
     listener: TcpListener,
     state: AppState,
+    /// This gateway's exclusive use of its SQLite file, held until it stops.
+    serve_lock: Option<ServeLock>,
 }
 
 impl App {
@@ -48,9 +51,19 @@ impl App {
     /// Like [`App::build`] with a listener bound by the caller.
     pub async fn with_listener(config: Config, listener: TcpListener) -> anyhow::Result<App> {
         let config = Arc::new(config);
-        let store = crate::store::connect(&config.storage.url, config.storage.max_connections)
+        let url = &config.storage.url;
+        // Before anything reads the file: the start-up reconciler treats
+        // every attempt in flight as a dead process's, true only if no
+        // other gateway uses the file.
+        let serve_lock = if url.starts_with("sqlite:") {
+            ServeLock::acquire(url)
+                .with_context(|| format!("cannot open storage {}", redact(url)))?
+        } else {
+            None
+        };
+        let store = crate::store::connect(url, config.storage.max_connections)
             .await
-            .with_context(|| format!("cannot open storage {}", redact(&config.storage.url)))?;
+            .with_context(|| format!("cannot open storage {}", redact(url)))?;
         let providers = Providers::from_config(&config)?;
         let metrics = Arc::new(Metrics::new(&config));
         let routes = Routes::from_config(&config, &providers, &metrics)?;
@@ -101,7 +114,11 @@ impl App {
             reqlog,
             background: TaskTracker::new(),
         }));
-        Ok(App { listener, state })
+        Ok(App {
+            listener,
+            state,
+            serve_lock,
+        })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -124,7 +141,11 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let App { listener, state } = self;
+        let App {
+            listener,
+            state,
+            serve_lock,
+        } = self;
         let grace = state.config.server.shutdown_grace;
         let stop = CancellationToken::new();
         // The workers, the reconciler, the registry and what requests leave
@@ -172,6 +193,8 @@ impl App {
                 "shutdown grace ran out; unfinished attempts will be unknown"
             ),
         }
+        // Held to the end: the next gateway on the file may start now.
+        drop(serve_lock);
         Ok(())
     }
 }

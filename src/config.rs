@@ -880,6 +880,19 @@ impl Config {
             if a.timeout.is_zero() {
                 return Err(self.invalid(at("attempts.timeout"), "must be above zero"));
             }
+            // Past its timeout an attempt is unknown and its call goes on
+            // until the late window ends (from the attempt's start): a
+            // window no longer than the timeout would never hear an answer.
+            if a.late_result_window <= a.timeout {
+                return Err(self.invalid(
+                    at("attempts.late_result_window"),
+                    format!(
+                        "must be longer than {} ({}): a late answer is only heard between the two",
+                        at("attempts.timeout"),
+                        humantime::format_duration(a.timeout)
+                    ),
+                ));
+            }
             if let Some(contract) = &route.contract
                 && !contract.exists()
             {
@@ -1186,6 +1199,36 @@ targets = [{ provider = "a", model = "x", context_window = 1024 }, { provider = 
             .unwrap_err()
             .to_string();
         assert!(err.contains("coalescing.cache_max_bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_late_window_that_could_hear_nothing_is_refused_naming_both_keys() {
+        let route = |attempts: &str| {
+            format!(
+                "[[providers]]\nname = \"p\"\nkind = \"mock\"\ntimeout = \"30s\"\n\
+                 [[routes]]\nmodel = \"m\"\ntargets = [{{ provider = \"p\", model = \"x\" }}]\n\
+                 [routes.attempts]\n{attempts}\n"
+            )
+        };
+        // The defaults listen for ten minutes past a 30 s attempt timeout,
+        // whatever the provider's own timeout.
+        let c = parse(&route("")).unwrap();
+        let a = &c.routes[0].attempts;
+        assert!(a.late_result_window > a.timeout);
+        for dead in [
+            "timeout = \"10m\"",
+            "timeout = \"20m\"",
+            "timeout = \"5s\"\nlate_result_window = \"5s\"",
+            "late_result_window = \"0s\"",
+        ] {
+            let err = parse(&route(dead)).unwrap_err().to_string();
+            assert!(
+                err.contains("routes[0].attempts.late_result_window")
+                    && err.contains("routes[0].attempts.timeout"),
+                "{dead}: {err}"
+            );
+        }
+        assert!(parse(&route("timeout = \"5s\"\nlate_result_window = \"6s\"")).is_ok());
     }
 
     #[test]

@@ -156,6 +156,8 @@ pub struct Metrics {
     pub inflight_flights: Gauge,
     pub jobs_unknown: Gauge,
     pub redis_errors: Tally,
+    /// Passes of the job reconciler (`idem_reconciler_passes_total`).
+    pub reconciler_passes: Counter,
     rate_limited: Counter,
     pub connections: ConnectionGauges,
     /// Log writers whose dropped lines `/metrics` reports, read at each
@@ -262,6 +264,9 @@ impl Metrics {
         redis_errors.increment(0);
         let rate_limited =
             recorder.register_counter(&Key::from_name("idem_rate_limited_total"), &meta);
+        let reconciler_passes =
+            recorder.register_counter(&Key::from_name("idem_reconciler_passes_total"), &meta);
+        reconciler_passes.increment(0);
         let connections_of = |protocol: &'static str| {
             let key = Key::from_parts("idem_http_connections", labels(&[("protocol", protocol)]));
             let gauge = recorder.register_gauge(&key, &meta);
@@ -284,6 +289,7 @@ impl Metrics {
             inflight_flights,
             jobs_unknown,
             redis_errors,
+            reconciler_passes,
             rate_limited,
             connections,
             log_drops: Mutex::new(Vec::new()),
@@ -340,6 +346,10 @@ impl Metrics {
         d(
             "idem_redis_errors_total",
             "Redis operations that failed (idem fell back to local coalescing).",
+        );
+        d(
+            "idem_reconciler_passes_total",
+            "Passes of the job reconciler (expired attempts, abandoned jobs, purge).",
         );
         d(
             "idem_rate_limited_total",

@@ -43,6 +43,9 @@ pub struct LeaderJob {
     /// if that target produced it (the attempt's row names its provider and
     /// model; another target's answer would be credited to the wrong one).
     pub pinned: bool,
+    /// The bound of the upstream call: the provider's timeout, or longer
+    /// for a job attempt that still listens for a late answer.
+    pub call_timeout: Duration,
     pub cache: Arc<ResultCache>,
     pub shared: Arc<OnceLock<Arc<RedisFlights>>>,
     pub metrics: Arc<Metrics>,
@@ -94,6 +97,7 @@ pub async fn lead(job: LeaderJob) {
         &job.route,
         job.target,
         job.body.clone(),
+        job.call_timeout,
         &job.tenant,
         &job.metrics,
         &progress,
@@ -226,10 +230,11 @@ impl Progress {
 }
 
 /// Renews the flight's lease (local and shared) every lease/3 while the
-/// call is alive. The provider timeout bounds the wait for the head and
-/// every pause between chunks, so a call that has shown no sign of life
-/// for longer than that is stuck: its lease is no longer renewed and
-/// lapses, and a waiter may take the flight over. Never returns.
+/// call is alive. The call's timeout (the provider's, or a job attempt's
+/// late-answer window) bounds the wait for the head and every pause
+/// between chunks, so a call that has shown no sign of life for longer
+/// than that is stuck: its lease is no longer renewed and lapses, and a
+/// waiter may take the flight over. Never returns.
 async fn heartbeat(
     job: &LeaderJob,
     flight: &Flight,
@@ -237,13 +242,7 @@ async fn heartbeat(
     global: Option<&(Arc<RedisFlights>, Lease)>,
 ) {
     let lease = job.route.config.coalesce.lease;
-    let stuck_after = job
-        .route
-        .targets
-        .get(job.target)
-        .map(|t| t.provider.timeout)
-        .unwrap_or(Duration::from_secs(30))
-        + lease / 3;
+    let stuck_after = job.call_timeout + lease / 3;
     // The lease was just taken: the first renewal is due a third of it
     // later, not at once.
     let every = lease / 3;
@@ -429,6 +428,7 @@ async fn call(
     route: &Route,
     target: usize,
     body: Bytes,
+    timeout: Duration,
     tenant: &str,
     metrics: &Metrics,
     progress: &Progress,
@@ -443,7 +443,7 @@ async fn call(
     };
     let provider = &t.provider;
     let started = Instant::now();
-    let reply = match provider.send(body, provider.timeout).await {
+    let reply = match provider.send(body, timeout).await {
         Ok(r) => r,
         Err(e) => {
             metrics.upstream_call(tenant, &provider.name, 0);
@@ -577,6 +577,7 @@ mod tests {
             cache: coalescer.cache.clone(),
             shared: coalescer.shared.clone(),
             metrics: coalescer.metrics.clone(),
+            call_timeout: Duration::from_secs(1),
         };
         // A call that started and then never showed a sign of life again.
         let progress = Progress::new();

@@ -113,6 +113,10 @@ pub struct Ask<'a> {
     pub only_target: Option<usize>,
     /// How long a follower may wait; `None`: the route's `max_wait`.
     pub max_wait: Option<Duration>,
+    /// How long the upstream call may take when this request leads it;
+    /// `None`: the provider's `timeout`. A job attempt keeps its call
+    /// alive for as long as a late answer still counts.
+    pub call_timeout: Option<Duration>,
 }
 
 /// A request's body as the flights need it: parsed while the request may
@@ -406,6 +410,7 @@ impl Coalescer {
             read_negative: ask.read_negative,
             write_cache: ask.write_cache,
             pinned: ask.only_target.is_some(),
+            call_timeout: ask.call_timeout.unwrap_or(target.provider.timeout),
             cache: self.cache.clone(),
             shared: self.shared.clone(),
             metrics: self.metrics.clone(),
@@ -494,6 +499,7 @@ mod tests {
             coalesce: true,
             only_target: None,
             max_wait: None,
+            call_timeout: None,
         }
     }
 

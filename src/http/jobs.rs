@@ -18,6 +18,7 @@ use super::validate;
 use super::{ApiPath, ApiQuery};
 use super::{AppState, Caller};
 use crate::jobs::{IDEM_JOB_ID, IDEMPOTENT_REPLAYED, idempotency_key, job_json};
+use crate::metrics::Outcome;
 use crate::reqlog::Entry;
 use crate::store::{AttemptState, Completion, Cursor, JobRecord, JobState, now_ms};
 
@@ -93,6 +94,12 @@ pub async fn create(
     }
     if !created.new {
         h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    // A new job is counted as an incoming request by its first attempt
+    // (which knows whether it made the call); asking again for an existing
+    // job is a request answered without one.
+    if !created.new {
+        app.metrics.request(&tenant, &route.name, Outcome::Replay);
     }
     let outcome = if created.new { "created" } else { "replay" };
     app.reqlog.write(
@@ -291,8 +298,16 @@ pub async fn resolve(
                     code: "attempt_not_unknown",
                 });
             }
-            let why = format!("attempt {n} was unknown and resolved as {}", res.outcome);
-            app.store.fail_job(&id, &why, now).await?;
+            // The attempt's outcome is the job's: an attempt resolved as
+            // cancelled (the work is not wanted, done or not) cancels the
+            // job; one resolved as failed fails it (a manual retry may
+            // reopen it).
+            if to == AttemptState::Cancelled {
+                app.store.cancel_job(&job.tenant, &id, now).await?;
+            } else {
+                let why = format!("attempt {n} was unknown and resolved as failed");
+                app.store.fail_job(&id, &why, now).await?;
+            }
         }
         "succeeded" => {
             let result = res.result.ok_or_else(|| {

@@ -166,6 +166,7 @@ async fn obtain(a: &Admission) -> Result<Delivery, ApiError> {
         coalesce: cfg.coalesce.enabled && a.policy.coalesce,
         only_target: None,
         max_wait: None,
+        call_timeout: None,
     };
     a.app.coalescer.obtain(&ask).await
 }

@@ -2,10 +2,23 @@
 //!
 //! A worker claims one job at a time (the store hands each queued job to
 //! exactly one claimer), then makes attempts until one completes the job,
-//! the budget `attempts.max` runs out, or an attempt ends `unknown`, which
-//! holds the job (SPEC section 5: a timeout is never a failure). Each
-//! attempt goes through the coalescing layer on one target, so two jobs with
-//! the same payload still make one upstream call.
+//! the job's budget runs out, or an attempt ends `unknown`, which holds the
+//! job (a timeout is never a failure). The budget is `attempts.max` (plus
+//! one per manual retry) over the job's whole life: it counts the attempt
+//! rows in the store (hedges aside), so a job that comes back to the queue
+//! (an unknown attempt auto-resolved, an expired claim, a late failure)
+//! continues its count instead of starting a new one. Each attempt goes
+//! through the coalescing layer on one target, so two jobs with the same
+//! payload still make one upstream call (a retry on a target the job
+//! already tried makes its own).
+//!
+//! An attempt past `attempts.timeout` is `unknown`, but its upstream call
+//! goes on (the provider's own timeout does not cut it) until
+//! `attempts.late_result_window`: a late success completes the job by
+//! compare-and-swap, a late failure lets the job try again if its budget
+//! allows. An attempt whose lease renewal is refused (another replica
+//! declared it unknown while this one stalled) stops at once and completes
+//! nothing.
 //!
 //! With `attempts.hedge_after`, a second attempt starts on the next allowed
 //! target while the first is still in flight; whichever finishes first
@@ -25,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::answer::{Answer, Verdict};
+use crate::config::RouteAttempts;
 use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
 use crate::flight::{Ask, RequestBody, Source};
@@ -102,6 +116,19 @@ pub fn allowed_targets(_app: &AppState, route: &Route) -> Vec<usize> {
     failover::failover_set(route)
 }
 
+/// How many attempts a job may make in its whole life: the route's
+/// `attempts.max`, plus one for each manual retry it was granted.
+pub fn attempt_budget(policy: &RouteAttempts, job: &JobRecord) -> usize {
+    let retries = usize::try_from(job.retries).unwrap_or(0);
+    (policy.max as usize).saturating_add(retries)
+}
+
+/// The attempts that count against the budget: every one the job made, on
+/// any run, except hedges (the route's explicit extra beside an attempt).
+pub fn budgeted(attempts: &[AttemptRecord]) -> usize {
+    attempts.iter().filter(|a| !a.hedge).count()
+}
+
 /// Runs one claimed job until it is completed, held, or out of attempts.
 async fn run_job(app: &AppState, job: JobRecord) {
     let store = &app.jobs.store;
@@ -143,15 +170,46 @@ async fn run_job(app: &AppState, job: JobRecord) {
     };
 
     let policy = &route.config.attempts;
+    let budget = attempt_budget(policy, &job);
     let mut last = String::from("no attempt was made");
+    // Rounds of this run that could start no attempt (no target may take
+    // it): they start no row, but still use up the budget, or a route
+    // whose targets all refuse would be retried for ever.
+    let mut refused = 0usize;
     // Failovers that were not allowed, for the job's error.
     let mut blocked: Vec<String> = Vec::new();
-    for i in 0..policy.max {
-        let round = match failover::attempt_target(&app.metrics, &route, i as usize) {
+    // The pause before the next round, after a failed one.
+    let mut pause = None;
+    let made = loop {
+        // The budget counts the job's attempt rows, whichever run (or
+        // replica) made them.
+        let earlier = match store.attempts(&job.id).await {
+            Ok(attempts) => attempts,
+            Err(e) => {
+                // The claim lapses and the reconciler requeues the job.
+                tracing::error!(job = %job.id, error = %e, "cannot count the job's attempts");
+                return;
+            }
+        };
+        // A run that starts with its budget spent (by earlier runs)
+        // reports the last of those attempts.
+        if pause.is_none()
+            && let Some(reason) = earlier.last().and_then(|a| a.reason.clone())
+        {
+            last = reason;
+        }
+        let used = budgeted(&earlier).saturating_add(refused);
+        if used >= budget {
+            break used;
+        }
+        if let Some(pause) = pause.take() {
+            tokio::time::sleep(pause).await;
+        }
+        let round = match failover::attempt_target(&app.metrics, &route, used) {
             Ok(target) => {
-                // Attempt i would have gone to target i mod n: anything
-                // skipped on the way was a refused failover.
-                let natural = i as usize % route.targets.len().max(1);
+                // Attempt `used` would have gone to target `used` mod n:
+                // anything skipped on the way was a refused failover.
+                let natural = used % route.targets.len().max(1);
                 if target != natural
                     && let Some(t) = route.targets.get(natural)
                     && !failover::certified_for_failover(&route, t)
@@ -164,10 +222,19 @@ async fn run_job(app: &AppState, job: JobRecord) {
                         blocked.push(why);
                     }
                 }
-                run_round(app, &job, &route, &request, fp, target, policy.hedge_after).await
+                let round = RoundCtx {
+                    app,
+                    job: &job,
+                    route: &route,
+                    request: &request,
+                    fp,
+                    earlier: &earlier,
+                };
+                round.run(target, policy.hedge_after).await
             }
             Err(none) => {
                 tracing::warn!(job = %job.id, route = %route.name, reason = %none, "no target may take the attempt");
+                refused += 1;
                 Round::Failed(none.to_string())
             }
         };
@@ -178,11 +245,15 @@ async fn run_job(app: &AppState, job: JobRecord) {
             }
             Round::Failed(reason) => last = reason,
         }
-        if i + 1 < policy.max {
-            tokio::time::sleep(backoff(policy.backoff_base, policy.backoff_max, i)).await;
-        }
-    }
-    let mut reason = format!("all {} attempts failed; last: {last}", policy.max);
+        // The next round, if the budget allows one, waits a pause that
+        // grows with the attempts made so far.
+        pause = Some(backoff(
+            policy.backoff_base,
+            policy.backoff_max,
+            u32::try_from(used).unwrap_or(u32::MAX),
+        ));
+    };
+    let mut reason = format!("all {made} attempts failed; last: {last}");
     for b in blocked {
         reason.push_str("; ");
         reason.push_str(&b);
@@ -192,8 +263,17 @@ async fn run_job(app: &AppState, job: JobRecord) {
 
 /// Exponential backoff with full jitter: uniform in [0, min(max, base * 2^i)].
 pub fn backoff(base: Duration, max: Duration, i: u32) -> Duration {
-    let ceiling = base.saturating_mul(1u32 << i.min(20)).min(max);
-    ceiling.mul_f64(rand::rng().random_range(0.0..=1.0))
+    backoff_with(&mut rand::rng(), base, max, i)
+}
+
+/// [`backoff`] with the random source given (tests seed one).
+fn backoff_with(rng: &mut impl Rng, base: Duration, max: Duration, i: u32) -> Duration {
+    backoff_cap(base, max, i).mul_f64(rng.random_range(0.0..=1.0))
+}
+
+/// The ceiling of the `i`-th backoff: `base * 2^i`, at most `max`.
+fn backoff_cap(base: Duration, max: Duration, i: u32) -> Duration {
+    base.saturating_mul(1u32 << i.min(20)).min(max)
 }
 
 enum Round {
@@ -203,59 +283,127 @@ enum Round {
     Failed(String),
 }
 
-/// One attempt, plus a hedge if the first is still in flight after
-/// `hedge_after`.
-async fn run_round(
-    app: &AppState,
-    job: &JobRecord,
-    route: &Arc<Route>,
-    request: &Arc<Map<String, Value>>,
+/// What a round of attempts works on.
+struct RoundCtx<'a> {
+    app: &'a AppState,
+    job: &'a JobRecord,
+    route: &'a Arc<Route>,
+    request: &'a Arc<Map<String, Value>>,
     fp: Fingerprint,
-    target: usize,
-    hedge_after: Option<Duration>,
-) -> Round {
-    let first = match start(app, job, route, request, fp, target, false).await {
-        Ok(rx) => rx,
-        Err(round) => return round,
-    };
-    let Some(after) = hedge_after else {
-        return round_of(&[first.await.ok()]);
-    };
-    let mut first = first;
-    let early = tokio::select! {
-        end = &mut first => Some(end.ok()),
-        () = tokio::time::sleep(after) => None,
-    };
-    if let Some(end) = early {
-        return round_of(&[end]);
-    }
-    // Chosen only now, so a refused hedge is counted when it would have
-    // gone, and a half-open circuit's probe is taken only if used.
-    let hedge_target = match failover::hedge_target(&app.metrics, route, target) {
-        Ok(t) => t,
-        Err(none) => {
-            tracing::info!(job = %job.id, route = %route.name, reason = %none, "first attempt still in flight: no target to hedge to");
+    /// The job's attempts before this round.
+    earlier: &'a [AttemptRecord],
+}
+
+impl RoundCtx<'_> {
+    /// One attempt, plus a hedge if the first is still in flight after
+    /// `hedge_after`.
+    async fn run(&self, target: usize, hedge_after: Option<Duration>) -> Round {
+        let (app, job, route) = (self.app, self.job, self.route);
+        let first = match self.start(target, false).await {
+            Ok(rx) => rx,
+            Err(round) => return round,
+        };
+        let Some(after) = hedge_after else {
             return round_of(&[first.await.ok()]);
+        };
+        let mut first = first;
+        let early = tokio::select! {
+            end = &mut first => Some(end.ok()),
+            () = tokio::time::sleep(after) => None,
+        };
+        if let Some(end) = early {
+            return round_of(&[end]);
         }
-    };
-    tracing::info!(job = %job.id, route = %route.name, "first attempt still in flight: hedging");
-    let second = match start(app, job, route, request, fp, hedge_target, true).await {
-        Ok(rx) => rx,
-        // Could not hedge (job closed meanwhile): wait for the first.
-        Err(_) => return round_of(&[first.await.ok()]),
-    };
-    // The first attempt to complete the job ends the round; a failure
-    // waits for the other attempt.
-    let mut second = second;
-    let (end, other) = tokio::select! {
-        e = &mut first => (e.ok(), second),
-        e = &mut second => (e.ok(), first),
-    };
-    if matches!(end, Some(AttemptEnd::Won) | Some(AttemptEnd::Lost)) {
-        return Round::Completed;
+        // Chosen only now, so a refused hedge is counted when it would have
+        // gone, and a half-open circuit's probe is taken only if used.
+        let hedge_target = match failover::hedge_target(&app.metrics, route, target) {
+            Ok(t) => t,
+            Err(none) => {
+                tracing::info!(job = %job.id, route = %route.name, reason = %none, "first attempt still in flight: no target to hedge to");
+                return round_of(&[first.await.ok()]);
+            }
+        };
+        tracing::info!(job = %job.id, route = %route.name, "first attempt still in flight: hedging");
+        let second = match self.start(hedge_target, true).await {
+            Ok(rx) => rx,
+            // Could not hedge (job closed meanwhile): wait for the first.
+            Err(_) => return round_of(&[first.await.ok()]),
+        };
+        // The first attempt to complete the job ends the round; a failure
+        // waits for the other attempt.
+        let mut second = second;
+        let (end, other) = tokio::select! {
+            e = &mut first => (e.ok(), second),
+            e = &mut second => (e.ok(), first),
+        };
+        if matches!(end, Some(AttemptEnd::Won) | Some(AttemptEnd::Lost)) {
+            return Round::Completed;
+        }
+        let end2 = other.await.ok();
+        round_of(&[end, end2])
     }
-    let end2 = other.await.ok();
-    round_of(&[end, end2])
+
+    /// Writes the attempt row, then runs the attempt in its own task (it
+    /// may outlive the round: a hedge's loser finishes and is discarded, an
+    /// unknown attempt keeps listening for a late answer).
+    async fn start(
+        &self,
+        target: usize,
+        hedge: bool,
+    ) -> Result<oneshot::Receiver<AttemptEnd>, Round> {
+        let (app, job, route) = (self.app, self.job, self.route);
+        let Some(t) = route.targets.get(target) else {
+            return Err(Round::Failed("no such target".into()));
+        };
+        let now = now_ms();
+        let lease = app.config.jobs.attempt_lease;
+        let started = app
+            .jobs
+            .store
+            .start_attempt(
+                &job.id,
+                &t.provider.name,
+                &t.model,
+                hedge,
+                &app.jobs.worker_id,
+                now,
+                now + ms(lease),
+            )
+            .await;
+        let attempt = match started {
+            Ok(StartAttempt::Started(a)) => a,
+            Ok(StartAttempt::Busy) => return Err(Round::Held),
+            Ok(StartAttempt::Closed) => return Err(Round::Closed),
+            Err(e) => {
+                tracing::error!(job = %job.id, error = %e, "cannot start an attempt");
+                return Err(Round::Held);
+            }
+        };
+        tracing::info!(job = %job.id, attempt = attempt.n, provider = %t.provider.name, hedge, "attempt started");
+        // A retry on a target this job already tried makes its own call:
+        // the earlier attempt's call may still be running (an unknown
+        // attempt's call lasts its late window, even once the attempt is
+        // resolved), and following it would only wait for the answer the
+        // retry is there to replace. The first try on a target shares its
+        // call with identical work in flight.
+        let retry = self
+            .earlier
+            .iter()
+            .any(|e| e.provider == t.provider.name.as_ref() && e.model == t.model.as_ref());
+        let (tx, rx) = oneshot::channel();
+        let ctx = AttemptCtx {
+            app: app.clone(),
+            tenant: Arc::from(job.tenant.as_str()),
+            route: route.clone(),
+            request: self.request.clone(),
+            fp: self.fp,
+            target,
+            share: !retry,
+            attempt,
+        };
+        tokio::spawn(ctx.run(tx));
+        Ok(rx)
+    }
 }
 
 fn round_of(ends: &[Option<AttemptEnd>]) -> Round {
@@ -282,60 +430,6 @@ fn round_of(ends: &[Option<AttemptEnd>]) -> Round {
     Round::Failed(reason)
 }
 
-/// Writes the attempt row, then runs the attempt in its own task (it may
-/// outlive the round: a hedge's loser finishes and is discarded, an unknown
-/// attempt keeps listening for a late answer).
-async fn start(
-    app: &AppState,
-    job: &JobRecord,
-    route: &Arc<Route>,
-    request: &Arc<Map<String, Value>>,
-    fp: Fingerprint,
-    target: usize,
-    hedge: bool,
-) -> Result<oneshot::Receiver<AttemptEnd>, Round> {
-    let Some(t) = route.targets.get(target) else {
-        return Err(Round::Failed("no such target".into()));
-    };
-    let now = now_ms();
-    let lease = app.config.jobs.attempt_lease;
-    let started = app
-        .jobs
-        .store
-        .start_attempt(
-            &job.id,
-            &t.provider.name,
-            &t.model,
-            hedge,
-            &app.jobs.worker_id,
-            now,
-            now + ms(lease),
-        )
-        .await;
-    let attempt = match started {
-        Ok(StartAttempt::Started(a)) => a,
-        Ok(StartAttempt::Busy) => return Err(Round::Held),
-        Ok(StartAttempt::Closed) => return Err(Round::Closed),
-        Err(e) => {
-            tracing::error!(job = %job.id, error = %e, "cannot start an attempt");
-            return Err(Round::Held);
-        }
-    };
-    tracing::info!(job = %job.id, attempt = attempt.n, provider = %t.provider.name, hedge, "attempt started");
-    let (tx, rx) = oneshot::channel();
-    let ctx = AttemptCtx {
-        app: app.clone(),
-        tenant: Arc::from(job.tenant.as_str()),
-        route: route.clone(),
-        request: request.clone(),
-        fp,
-        target,
-        attempt,
-    };
-    tokio::spawn(ctx.run(tx));
-    Ok(rx)
-}
-
 struct AttemptCtx {
     app: AppState,
     tenant: Arc<str>,
@@ -343,6 +437,8 @@ struct AttemptCtx {
     request: Arc<Map<String, Value>>,
     fp: Fingerprint,
     target: usize,
+    /// Whether the call may be shared with identical work in flight.
+    share: bool,
     attempt: AttemptRecord,
 }
 
@@ -352,25 +448,12 @@ impl AttemptCtx {
         let a = &self.attempt;
         let policy = &self.route.config.attempts;
         let deadline = Instant::now() + policy.timeout;
-        let lease_keeper = {
-            let store = app.jobs.store.clone();
-            let (id, n, owner) = (a.job_id.clone(), a.n, app.jobs.worker_id.clone());
-            let lease = app.config.jobs.attempt_lease;
-            AbortOnDrop(tokio::spawn(async move {
-                let every = lease / 3;
-                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                loop {
-                    tick.tick().await;
-                    let _ = store
-                        .renew_attempt(&id, n, &owner, now_ms() + ms(lease))
-                        .await;
-                }
-            }))
-        };
         let cfg = &self.route.config;
-        // A follower attempt may wait for its leader as long as a late
-        // answer still counts; the attempt timeout below decides when the
-        // attempt becomes unknown, without abandoning the call.
+        let target = &self.route.targets[self.target];
+        // How long a late answer still counts, from the attempt's start:
+        // the attempt timeout decides when the attempt becomes unknown,
+        // without abandoning the call, which may run (and a follower
+        // attempt may wait for its leader) until then.
         let late = policy.late_result_window.max(policy.timeout);
         let body = RequestBody::kept(self.request.clone());
         let ask = Ask {
@@ -381,11 +464,11 @@ impl AttemptCtx {
             read_cache: cfg.cache.enabled,
             read_negative: false,
             write_cache: true,
-            coalesce: cfg.coalesce.enabled,
+            coalesce: cfg.coalesce.enabled && self.share,
             only_target: Some(self.target),
             max_wait: Some(late),
+            call_timeout: Some(late.max(target.provider.timeout)),
         };
-        let target = &self.route.targets[self.target];
         let work = async {
             let mut delivery = app.coalescer.obtain(&ask).await?;
             // `running`: the provider answered with headers and the body is
@@ -412,11 +495,30 @@ impl AttemptCtx {
                 delivery = app.coalescer.obtain(&fresh).await?;
                 answer = delivery.answer().await;
             }
+            // A job is one incoming request, however it was created: its
+            // first attempt counts it, with how its answer was obtained
+            // (its own call, another's flight, the cache). Retries and
+            // hedges are more calls for the same request.
+            if a.n == 1 && !a.hedge {
+                app.metrics
+                    .request(&self.tenant, &self.route.name, delivery.outcome);
+            }
             Ok::<_, ApiError>(answer)
         };
         tokio::pin!(work);
-        let outcome = tokio::time::timeout_at(deadline.into(), &mut work).await;
-        drop(lease_keeper);
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout_at(deadline.into(), &mut work) => outcome,
+            () = self.lease_lost() => {
+                // Somebody else ended this attempt (another replica's
+                // reconciler declared it unknown while this one stalled):
+                // it is no longer this worker's to finish, and whatever its
+                // call brings completes nothing.
+                tracing::warn!(job = %a.job_id, attempt = a.n, "attempt lease renewal refused: attempt stopped");
+                app.metrics.attempt(&target.provider.name, "lease_lost");
+                let _ = tx.send(AttemptEnd::Unknown("lease_lost".into()));
+                return;
+            }
+        };
         match outcome {
             Ok(Ok(answer)) => {
                 let end = self.settle(&answer).await;
@@ -440,6 +542,33 @@ impl AttemptCtx {
                 let window = late.saturating_sub(policy.timeout);
                 if let Ok(Ok(answer)) = tokio::time::timeout(window, &mut work).await {
                     self.settle_late(&answer).await;
+                }
+            }
+        }
+    }
+
+    /// Renews the attempt's lease every third of it while the attempt
+    /// runs; resolves when a renewal is refused: the attempt is no longer
+    /// `starting`/`running` under this owner. A renewal that fails (the
+    /// database is unreachable) is tried again at the next tick: the
+    /// lease covers a few of them.
+    async fn lease_lost(&self) {
+        let (app, a) = (&self.app, &self.attempt);
+        let lease = app.config.jobs.attempt_lease;
+        let every = lease / 3;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tick.tick().await;
+            let renewed = app
+                .jobs
+                .store
+                .renew_attempt(&a.job_id, a.n, &app.jobs.worker_id, now_ms() + ms(lease))
+                .await;
+            match renewed {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(job = %a.job_id, attempt = a.n, error = %e, "cannot renew the attempt's lease")
                 }
             }
         }
@@ -519,16 +648,59 @@ impl AttemptCtx {
             }
             Verdict::Failed(reason) => {
                 let late = format!("late_{reason}");
-                let _ = app
+                let finished = app
                     .jobs
                     .store
                     .finish_attempt(&a.job_id, a.n, AttemptState::Failed, Some(&late), now_ms())
                     .await;
+                // Resolved by somebody else meanwhile: theirs is the say.
+                if !matches!(finished, Ok(true)) {
+                    return;
+                }
+                app.metrics
+                    .attempt(&self.route.targets[self.target].provider.name, "failed");
                 let why = format!("attempt {} failed after its timeout: {reason}", a.n);
-                let _ = app.jobs.store.fail_job(&a.job_id, &why, now_ms()).await;
+                self.after_late_failure(&why).await;
                 app.jobs.changed(&a.job_id);
             }
             Verdict::Unknown(_) => {}
+        }
+    }
+
+    /// The job's next step once its unknown attempt turned out failed: back
+    /// to the queue (after a backoff) while its budget allows another
+    /// attempt, else failed.
+    async fn after_late_failure(&self, why: &str) {
+        let (app, a) = (&self.app, &self.attempt);
+        let store = &app.jobs.store;
+        let policy = &self.route.config.attempts;
+        let (job, made) = match (
+            store.job(None, &a.job_id).await,
+            store.attempts(&a.job_id).await,
+        ) {
+            (Ok(Some(job)), Ok(attempts)) => (job, budgeted(&attempts)),
+            (Ok(None), _) => return,
+            (Err(e), _) | (_, Err(e)) => {
+                // The reconciler requeues the job once its claim lapses;
+                // the next run counts the attempts again.
+                tracing::error!(job = %a.job_id, error = %e, "cannot read the job after a late failure");
+                return;
+            }
+        };
+        let now = now_ms();
+        if made < attempt_budget(policy, &job) {
+            let i = u32::try_from(made.saturating_sub(1)).unwrap_or(u32::MAX);
+            let not_before = now + ms(backoff(policy.backoff_base, policy.backoff_max, i));
+            match store.requeue(&a.job_id, None, not_before, false, now).await {
+                Ok(true) => {
+                    tracing::info!(job = %a.job_id, attempt = a.n, "late failure: the job goes back to the queue");
+                    app.jobs.wake();
+                }
+                Ok(false) => {}
+                Err(e) => tracing::error!(job = %a.job_id, error = %e, "cannot requeue the job"),
+            }
+        } else if let Err(e) = store.fail_job(&a.job_id, why, now).await {
+            tracing::error!(job = %a.job_id, error = %e, "cannot fail job");
         }
     }
 }
@@ -536,16 +708,74 @@ impl AttemptCtx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
 
     #[test]
-    fn backoff_is_full_jitter_under_the_cap() {
+    fn backoff_is_a_uniform_draw_under_a_cap_that_doubles_up_to_the_max() {
         let base = Duration::from_millis(100);
         let max = Duration::from_secs(1);
-        for i in 0..30 {
-            let b = backoff(base, max, i);
-            assert!(b <= max, "{i}: {b:?}");
-            assert!(b <= base.saturating_mul(1 << i.min(20)), "{i}: {b:?}");
+        let caps: Vec<u128> = (0..7)
+            .map(|i| backoff_cap(base, max, i).as_millis())
+            .collect();
+        assert_eq!(caps, [100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(backoff_cap(base, max, 63), max, "no overflow past 2^20");
+        let mut rng = StdRng::seed_from_u64(18);
+        for i in [0, 2, 5] {
+            let cap = backoff_cap(base, max, i).as_secs_f64();
+            let draws: Vec<f64> = (0..4000)
+                .map(|_| backoff_with(&mut rng, base, max, i).as_secs_f64() / cap)
+                .collect();
+            assert!(draws.iter().all(|d| (0.0..=1.0).contains(d)), "{i}");
+            // Full jitter uses the whole of [0, cap] evenly: every tenth of
+            // it holds about a tenth of the draws (400 +/- 5 sigma), the
+            // lowest as much as the highest.
+            let mut tenths = [0usize; 10];
+            for d in &draws {
+                tenths[((d * 10.0) as usize).min(9)] += 1;
+            }
+            for (k, n) in tenths.iter().enumerate() {
+                assert!((300..=500).contains(n), "{i}: tenth {k} has {n} of 4000");
+            }
+            let mean = draws.iter().sum::<f64>() / draws.len() as f64;
+            assert!((mean - 0.5).abs() < 0.03, "{i}: mean {mean}");
         }
+    }
+
+    #[test]
+    fn the_budget_is_max_plus_one_per_manual_retry() {
+        let policy = RouteAttempts {
+            max: 3,
+            ..RouteAttempts::default()
+        };
+        let job = |retries| JobRecord {
+            id: "j".into(),
+            tenant: "t".into(),
+            idempotency_key: "k".into(),
+            payload_hash: "h".into(),
+            fingerprint: "f".into(),
+            route: "r".into(),
+            request: "{}".into(),
+            metadata: None,
+            state: crate::store::JobState::Running,
+            version: 1,
+            completed_by: None,
+            result: None,
+            error: None,
+            not_before: 0,
+            claimed_by: None,
+            claim_until: None,
+            retries,
+            created_at: 0,
+            updated_at: 0,
+        };
+        assert_eq!(attempt_budget(&policy, &job(0)), 3);
+        assert_eq!(attempt_budget(&policy, &job(2)), 5);
+        assert_eq!(
+            attempt_budget(&policy, &job(-1)),
+            3,
+            "a corrupt count grants nothing"
+        );
     }
 
     #[test]

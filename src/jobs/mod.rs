@@ -258,7 +258,12 @@ impl Jobs {
             }
             .into_response(),
         };
-        app.metrics.request(tenant, &route.name, outcome);
+        // The request that created the job is counted by the job's first
+        // attempt, with how that attempt got its answer: one job, one
+        // incoming request. A retry with the key is a request of its own.
+        if !new {
+            app.metrics.request(tenant, &route.name, outcome);
+        }
         let h = resp.headers_mut();
         decorate(h, outcome, &fp, Some(&answer));
         if let Ok(v) = HeaderValue::from_str(&job.id) {

@@ -11,6 +11,7 @@
 use tokio_util::sync::CancellationToken;
 
 use crate::http::AppState;
+use crate::jobs::executor;
 use crate::store::{AttemptState, Backend, JobState, now_ms};
 
 /// At start-up: with SQLite only this process uses the file, so an attempt
@@ -31,6 +32,9 @@ pub async fn on_startup(app: &AppState) {
 
 pub async fn run(app: AppState, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(app.config.jobs.reconcile_interval);
+    // After a stall, one pass and then the interval again, not a burst of
+    // passes back to back.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tokio::select! {
@@ -74,6 +78,9 @@ pub async fn once(app: &AppState) {
         Ok(list) => app.metrics.jobs_unknown.set(list.len() as f64),
         Err(e) => tracing::warn!(error = %e, "cannot count unknown attempts"),
     }
+    // Counted once the pass is over: whoever watches it knows that what
+    // was due before the pass began has been looked at.
+    app.metrics.reconciler_passes.increment(1);
 }
 
 async fn auto_resolve(app: &AppState, now: i64) {
@@ -113,9 +120,9 @@ async fn auto_resolve(app: &AppState, now: i64) {
             .store
             .attempts(&a.job_id)
             .await
-            .map(|v| v.len())
+            .map(|v| executor::budgeted(&v))
             .unwrap_or(usize::MAX);
-        if job.state == JobState::Running && made < policy.max as usize {
+        if job.state == JobState::Running && made < executor::attempt_budget(policy, &job) {
             if let Ok(true) = app.store.requeue(&a.job_id, None, now, false, now).await {
                 app.jobs.wake();
             }

@@ -37,6 +37,20 @@ pub enum StoreError {
     Corrupt(String),
     #[error("unsupported storage url (expected sqlite:// or postgres://)")]
     UnsupportedUrl,
+    /// Another `idem serve` holds the SQLite file (see
+    /// [`sqlite::ServeLock`]).
+    #[error(
+        "another `idem serve`{} already uses this SQLite file (it holds the lock on {path}); \
+         one SQLite file serves one gateway: stop that one first, or use PostgreSQL to run several",
+        holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    Locked { path: String, holder: Option<u32> },
+    #[error("cannot lock {path}: {source}")]
+    Lock {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -199,6 +213,8 @@ pub struct JobRecord {
     pub not_before: i64,
     pub claimed_by: Option<String>,
     pub claim_until: Option<i64>,
+    /// Manual retries granted (each one attempt beyond `attempts.max`).
+    pub retries: i32,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -343,7 +359,8 @@ pub trait Store: Send + Sync + 'static {
     /// `running` -> `queued` (not before `not_before`), version + 1, claim
     /// cleared; only if no attempt is active and, when `worker` is given,
     /// only if that worker holds the claim. Also `failed` -> `queued` when
-    /// `reopen` (a manual retry). Returns whether the row changed.
+    /// `reopen` (a manual retry), which grants the job one more attempt
+    /// (`retries` + 1). Returns whether the row changed.
     async fn requeue(
         &self,
         job_id: &str,

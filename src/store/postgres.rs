@@ -248,7 +248,8 @@ impl Store for PgStore {
         let done = sqlx::query(
             "UPDATE jobs
              SET state = 'queued', not_before = $3, version = version + 1, claimed_by = NULL, claim_until = NULL,
-                 error = NULL, updated_at = $5
+                 error = NULL, updated_at = $5,
+                 retries = retries + CASE WHEN state = 'failed' THEN 1 ELSE 0 END
              WHERE id = $1
                AND ((state = 'running' AND ($2::text IS NULL OR claimed_by = $2)) OR (state = 'failed' AND $4))
                AND NOT EXISTS (SELECT 1 FROM attempts

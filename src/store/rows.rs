@@ -23,6 +23,7 @@ pub(super) struct JobRow {
     not_before: i64,
     claimed_by: Option<String>,
     claim_until: Option<i64>,
+    retries: i32,
     created_at: i64,
     updated_at: i64,
 }
@@ -51,6 +52,7 @@ impl TryFrom<JobRow> for JobRecord {
             not_before: r.not_before,
             claimed_by: r.claimed_by,
             claim_until: r.claim_until,
+            retries: r.retries,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
@@ -201,6 +203,7 @@ mod tests {
             not_before: 0,
             claimed_by: None,
             claim_until: None,
+            retries: 0,
             created_at: 0,
             updated_at: 0,
         }

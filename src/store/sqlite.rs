@@ -8,6 +8,10 @@
 //! pass a check before either writes. Single statements need no such care:
 //! an autocommit write statement takes the write lock before it reads.
 
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -30,6 +34,76 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The statement that opens read-then-write transactions (see the module
 /// documentation).
 const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
+
+/// One `idem serve` per SQLite file: the exclusive lock on `<file>.lock`,
+/// held for as long as the gateway runs.
+///
+/// At start-up a gateway on SQLite takes every attempt still `starting` or
+/// `running` for the leftover of a process that is gone and makes it
+/// `unknown`; a second gateway on the same file would do that to the first
+/// one's live attempts, so it must not start. The lock is the kernel's
+/// (`flock`), not a row or a file's existence: it goes with the process
+/// however it ends, SIGKILL included, so a crash never blocks the restart.
+/// The file itself stays, with the pid of the last holder, for the message
+/// the next refused gateway prints.
+#[derive(Debug)]
+pub struct ServeLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl ServeLock {
+    /// Takes the lock for the file named by a `sqlite:` url; `None` for an
+    /// in-memory database (nothing to share). Never waits: a lock held by
+    /// another process is [`StoreError::Locked`].
+    pub fn acquire(url: &str) -> Result<Option<ServeLock>> {
+        let options = SqliteConnectOptions::from_str(url)?;
+        let db = options.get_filename();
+        let name = db.to_string_lossy();
+        if url.contains("mode=memory") || name == ":memory:" || name.starts_with("file:") {
+            return Ok(None);
+        }
+        let mut path = OsString::from(db.as_os_str());
+        path.push(".lock");
+        let path = PathBuf::from(path);
+        let shown = || path.display().to_string();
+        let lock_error = |source| StoreError::Lock {
+            path: shown(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(lock_error)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                return Err(StoreError::Locked {
+                    path: shown(),
+                    holder: text.trim().parse().ok(),
+                });
+            }
+            Err(TryLockError::Error(e)) => return Err(lock_error(e)),
+        }
+        // The pid is for the message only: a failure to write it costs
+        // nothing but that.
+        let _ = file
+            .set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| writeln!(file, "{}", std::process::id()));
+        Ok(Some(ServeLock { _file: file, path }))
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
 
 /// The SQLite implementation of [`Store`].
 ///
@@ -255,7 +329,8 @@ impl Store for SqliteStore {
         let done = sqlx::query(
             "UPDATE jobs
              SET state = 'queued', not_before = $3, version = version + 1, claimed_by = NULL, claim_until = NULL,
-                 error = NULL, updated_at = $5
+                 error = NULL, updated_at = $5,
+                 retries = retries + CASE WHEN state = 'failed' THEN 1 ELSE 0 END
              WHERE id = $1
                AND ((state = 'running' AND ($2 IS NULL OR claimed_by = $2)) OR (state = 'failed' AND $4))
                AND NOT EXISTS (SELECT 1 FROM attempts
@@ -578,5 +653,36 @@ impl Store for SqliteStore {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(Certification::from).collect())
+    }
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use super::*;
+
+    #[test]
+    fn one_holder_at_a_time_and_the_lock_goes_with_its_holder() {
+        let dir = std::env::temp_dir().join(format!("idem-lock-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("idem.db").display());
+        let first = ServeLock::acquire(&url).unwrap().unwrap();
+        assert_eq!(first.path(), dir.join("idem.db.lock"));
+        // Another open file description conflicts even in one process, as
+        // another process's would.
+        match ServeLock::acquire(&url) {
+            Err(StoreError::Locked { path, holder }) => {
+                assert!(path.ends_with("idem.db.lock"), "{path}");
+                assert_eq!(holder, Some(std::process::id()));
+            }
+            other => panic!("a second holder: {other:?}"),
+        }
+        drop(first);
+        // The file stays; its lock does not.
+        assert!(dir.join("idem.db.lock").exists());
+        let again = ServeLock::acquire(&url).unwrap();
+        assert!(again.is_some());
+        assert!(ServeLock::acquire("sqlite::memory:").unwrap().is_none());
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1021,6 +1021,9 @@ async fn requeue_and_fail_refuse_while_attempt_active(s: Arc<dyn Store>) {
         (JobState::Queued, f.version + 1, T0 + 70)
     );
     assert_eq!(r.error, None);
+    // Only the reopening grants an attempt: the earlier requeues of a
+    // running job did not.
+    assert_eq!((claimed.retries, q.retries, r.retries), (0, 0, 1));
     assert!(!s.requeue("no-such-job", None, T0, true, T0).await.unwrap());
     assert!(!s.fail_job("no-such-job", "x", T0).await.unwrap());
 

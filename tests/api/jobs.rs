@@ -37,6 +37,24 @@ async fn job_until(app: &TestApp, tenant: &str, id: &str, cond: impl Fn(&Value) 
     panic!("job never reached the expected state: {last}");
 }
 
+/// The value of one Prometheus sample line (`name{labels}`), 0 if absent.
+pub fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits until the reconciler has made `n` whole passes from now.
+async fn reconciled(app: &TestApp, n: u32) {
+    let passes = "idem_reconciler_passes_total";
+    let from = sample(&app.metrics().await, passes);
+    eventually_async(Duration::from_secs(20), || async {
+        sample(&app.metrics().await, passes) >= from + f64::from(n)
+    })
+    .await;
+}
+
 fn state_is(s: &'static str) -> impl Fn(&Value) -> bool {
     move |j: &Value| j["state"] == s
 }
@@ -201,8 +219,10 @@ async fn a_timeout_is_unknown_blocks_retries_until_resolved() {
         j["state"], "running",
         "an unknown attempt must hold the job"
     );
-    // No automatic retry: give the executor every chance, then count.
-    app.until_no_flights().await;
+    // No automatic retry: give the executor every chance (the reconciler
+    // has looked at the job twice since, the workers have polled), then
+    // count.
+    reconciled(&app, 2).await;
     let j = job(&app, ACME, &id).await;
     assert_eq!(
         j["attempts"].as_array().unwrap().len(),
@@ -549,6 +569,30 @@ async fn failed_attempts_retry_with_backoff_then_fail_the_job() {
         "{j}"
     );
     assert_eq!(app.calls(), 3);
+    // A manual retry of the spent job grants it one attempt, not a new
+    // budget of three.
+    let id = v["id"].as_str().unwrap();
+    let retry = format!("/v1/jobs/{id}/attempts");
+    let r = app.post_json(ACME, &retry, &json!({}), &[]).await;
+    assert_eq!(r.status(), 202);
+    let j = job_until(&app, ACME, id, |j| {
+        j["state"] == "failed" && j["attempts"].as_array().unwrap().len() > 3
+    })
+    .await;
+    assert_eq!(j["attempts"].as_array().unwrap().len(), 4, "{j}");
+    assert!(
+        j["error"]
+            .as_str()
+            .unwrap()
+            .contains("all 4 attempts failed"),
+        "{j}"
+    );
+    assert_eq!(app.calls(), 4);
+    app.mock.set_behaviour(Behaviour::default());
+    let r = app.post_json(ACME, &retry, &json!({}), &[]).await;
+    assert_eq!(r.status(), 202);
+    let j = job_until(&app, ACME, id, state_is("succeeded")).await;
+    assert_eq!(j["completed_by"], 5, "{j}");
 }
 
 #[tokio::test]
@@ -660,4 +704,318 @@ async fn a_late_answer_within_the_window_still_completes_the_job() {
     }
     assert_eq!(ja["result"], jb["result"]);
     assert_eq!(app.calls(), 1);
+}
+
+async fn job_id(resp: reqwest::Response) -> String {
+    let v: Value = resp.json().await.unwrap();
+    v["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attempt_past_its_timeout_is_unknown_and_its_late_answer_still_completes_the_job() {
+    // The provider's own timeout is shorter than the attempt's: a job
+    // attempt's call outlives both (up to the late window), so the answer
+    // that comes after them is still heard.
+    let app = TestApp::with(Spec {
+        provider_timeout: "500ms".into(),
+        attempts: "timeout = \"1s\"\n".into(),
+        ..holding()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "late-1", &job_request("slow provider")).await).await;
+    held(&app.mock, 1).await;
+    let j = job_until(&app, ACME, &id, |j| j["attempts"][0]["state"] == "unknown").await;
+    assert_eq!(j["attempts"][0]["reason"], "timeout");
+    assert_eq!(j["state"], "running", "an unknown attempt holds the job");
+    // Past both timeouts the call is still in progress, not abandoned.
+    let seqs = held(&app.mock, 1).await;
+    assert_eq!(seqs.len(), 1, "the provider call was cut");
+    assert_eq!(app.state.coalescer.table.inflight(), 1);
+    let r = app
+        .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
+        .await;
+    assert_error(r, 409, "attempt_in_progress").await;
+    release_with(
+        &app.mock,
+        json!({"seq": seqs[0], "content": "LATE BUT RIGHT"}),
+    )
+    .await;
+    let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
+    assert_eq!(j["completed_by"], 1);
+    assert_eq!(j["attempts"].as_array().unwrap().len(), 1, "{j}");
+    assert_eq!(j["attempts"][0]["state"], "succeeded");
+    assert_eq!(content_of(&j["result"]), "LATE BUT RIGHT");
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_requeued_job_keeps_counting_its_attempts() {
+    // Attempt 1 hangs and is auto-resolved as failed, which requeues the
+    // job; the next run has one attempt left of the job's two, not two.
+    let app = TestApp::with(Spec {
+        coalesce: "enabled = false\n".into(),
+        cache: "enabled = false\n".into(),
+        attempts: "max = 2\ntimeout = \"300ms\"\nauto_resolve_unknown_after = \"100ms\"\n\
+                   backoff_base = \"10ms\"\nbackoff_max = \"20ms\"\n"
+            .into(),
+        ..holding()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "budget-1", &job_request("twice at most")).await).await;
+    held(&app.mock, 1).await;
+    // From now on every call fails at once.
+    app.mock.set_behaviour(Behaviour {
+        fail_status: Some(500),
+        ..Behaviour::default()
+    });
+    let j = job_until(&app, ACME, &id, state_is("failed")).await;
+    let states: Vec<(&str, &str)> = j["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["state"].as_str().unwrap(), a["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![("failed", "auto_resolved"), ("failed", "provider_error")],
+        "{j}"
+    );
+    assert!(
+        j["error"]
+            .as_str()
+            .unwrap()
+            .contains("all 2 attempts failed"),
+        "{j}"
+    );
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_failure_with_budget_left_makes_the_next_attempt() {
+    let app = TestApp::with(Spec {
+        attempts: "max = 3\ntimeout = \"300ms\"\nbackoff_base = \"10ms\"\nbackoff_max = \"20ms\"\n"
+            .into(),
+        ..holding()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "late-fail-1", &job_request("try again")).await).await;
+    let seqs = held(&app.mock, 1).await;
+    job_until(&app, ACME, &id, |j| j["attempts"][0]["state"] == "unknown").await;
+    // The next call answers at once; the held one fails late.
+    app.mock.set_behaviour(Behaviour::default());
+    release_with(&app.mock, json!({"seq": seqs[0], "status": 500})).await;
+    let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
+    assert_eq!(j["completed_by"], 2, "{j}");
+    assert_eq!(j["attempts"][0]["state"], "failed");
+    assert_eq!(j["attempts"][0]["reason"], "late_provider_error");
+    assert_eq!(j["attempts"][1]["state"], "succeeded");
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attempt_that_lost_its_lease_stops_and_does_not_complete_the_job() {
+    let app = TestApp::with(Spec {
+        jobs:
+            "attempt_lease = \"900ms\"\nreconcile_interval = \"200ms\"\npoll_interval = \"200ms\"\n"
+                .into(),
+        ..holding()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "lease-1", &job_request("who owns me")).await).await;
+    held(&app.mock, 1).await;
+    // Another replica's reconciler believed this one dead and declared the
+    // attempt unknown: the owner's next renewal is refused.
+    let expired = app
+        .state
+        .store
+        .expire_attempt_leases(i64::MAX, idem::store::now_ms())
+        .await
+        .unwrap();
+    assert_eq!(expired.len(), 1);
+    let lost = "idem_attempts_total{provider=\"primary\",outcome=\"lease_lost\"}";
+    eventually_async(Duration::from_secs(10), || async {
+        sample(&app.metrics().await, lost) >= 1.0
+    })
+    .await;
+    // The provider answers after all: the stopped attempt takes no part.
+    release(&app.mock, None).await;
+    app.until_no_flights().await;
+    let j = job(&app, ACME, &id).await;
+    assert_eq!(j["state"], "running", "{j}");
+    assert_eq!(j["attempts"][0]["state"], "unknown");
+    assert_eq!(j["attempts"][0]["reason"], "lease_expired");
+    assert!(j["result"].is_null());
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test]
+async fn resolving_an_unknown_attempt_as_cancelled_cancels_the_job() {
+    let app = TestApp::with(Spec {
+        primary: Behaviour {
+            hang: true,
+            ..Behaviour::default()
+        },
+        attempts: "timeout = \"300ms\"\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let id = job_id(create(&app, ACME, "cancel-unknown", &job_request("never mind")).await).await;
+    job_until(&app, ACME, &id, |j| j["attempts"][0]["state"] == "unknown").await;
+    let r = app
+        .post_json(
+            ADMIN,
+            &format!("/v1/jobs/{id}/attempts/1/resolve"),
+            &json!({"outcome": "cancelled"}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let j: Value = r.json().await.unwrap();
+    assert_eq!(j["attempts"][0]["state"], "cancelled");
+    assert_eq!(j["state"], "cancelled", "{j}");
+    let j = job(&app, ACME, &id).await;
+    assert_eq!(j["state"], "cancelled");
+    // A cancelled job takes no more attempts.
+    let r = app
+        .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
+        .await;
+    assert_error(r, 409, "job_completed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_is_one_incoming_request_and_its_call_one_upstream_call() {
+    let app = TestApp::spawn().await;
+    let coalescing = |v: &Value| v["coalescing"].clone();
+    let id = job_id(create(&app, ACME, "count-1", &job_request("count me")).await).await;
+    job_until(&app, ACME, &id, state_is("succeeded")).await;
+    let (_, s) = app.get_json(ACME, "/v1/stats").await;
+    let s = coalescing(&s);
+    assert_eq!(
+        (&s["incoming_requests"], &s["upstream_calls"], &s["leaders"]),
+        (&json!(1), &json!(1), &json!(1)),
+        "{s}"
+    );
+    assert_eq!(s["upstream_ratio"], 1.0, "{s}");
+    // The same job asked for again is a replay that made no call.
+    let r = create(&app, ACME, "count-1", &job_request("count me")).await;
+    assert_eq!(r.status(), 200);
+    // A job on the chat path: one more incoming, one more call.
+    let r = app
+        .chat_with(
+            ACME,
+            &chat_body("count me too"),
+            &[("idempotency-key", "count-2")],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let (_, s) = app.get_json(ACME, "/v1/stats").await;
+    let s = coalescing(&s);
+    assert_eq!(
+        (&s["incoming_requests"], &s["upstream_calls"], &s["replays"]),
+        (&json!(3), &json!(2), &json!(1)),
+        "{s}"
+    );
+    assert_eq!(s["leaders"], 2, "{s}");
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_jobs_sharing_one_call_count_a_leader_and_a_follower() {
+    let app = TestApp::with(holding()).await;
+    let a = job_id(create(&app, ACME, "share-a", &job_request("same work")).await).await;
+    let b = job_id(create(&app, ACME, "share-b", &job_request("same work")).await).await;
+    held(&app.mock, 1).await;
+    app.until_followers(1).await;
+    release(&app.mock, None).await;
+    job_until(&app, ACME, &a, state_is("succeeded")).await;
+    job_until(&app, ACME, &b, state_is("succeeded")).await;
+    let (_, s) = app.get_json(ACME, "/v1/stats").await;
+    let s = &s["coalescing"];
+    assert_eq!(
+        (&s["incoming_requests"], &s["upstream_calls"]),
+        (&json!(2), &json!(1)),
+        "{s}"
+    );
+    assert_eq!(
+        (&s["leaders"], &s["followers"]),
+        (&json!(1), &json!(1)),
+        "{s}"
+    );
+    assert_eq!(s["saved_calls"], 1, "{s}");
+}
+
+/// Runs `idem serve` on `config` and expects it to exit without
+/// listening; returns what it printed on stderr.
+async fn serve_refused(config: &std::path::Path) -> String {
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env_remove("IDEM_CONFIG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the second gateway neither started nor exited: it is serving")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success() && !stdout.contains("idem listening"),
+        "the second gateway started: {stdout}"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_gateway_on_one_sqlite_file_refuses_to_start_and_a_killed_ones_lock_does_not_stay()
+{
+    let mocks = start_mocks(&holding()).await;
+    let (mut first, dir) = Proc::start_default(&mocks).await;
+    let config = dir.join("idem.toml");
+    let client = client();
+    let r = client
+        .post(format!("{}/v1/jobs", first.base))
+        .bearer_auth(ACME)
+        .header("idempotency-key", "one-file")
+        .json(&job_request("mine alone"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let id = job_id(r).await;
+    held(&mocks.primary, 1).await;
+
+    let stderr = serve_refused(&config).await;
+    assert!(stderr.contains("another `idem serve`"), "{stderr}");
+    assert!(stderr.contains(&first.pid().to_string()), "{stderr}");
+    assert!(stderr.contains("idem.db"), "{stderr}");
+    // The refused gateway did not touch the first one's live attempt.
+    let get = |base: String| {
+        let (client, id) = (client.clone(), id.clone());
+        async move {
+            client
+                .get(format!("{base}/v1/jobs/{id}"))
+                .bearer_auth(ACME)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let j = get(first.base.clone()).await;
+    assert_eq!(j["attempts"][0]["state"], "starting", "{j}");
+
+    // SIGKILL leaves the lock file behind, not the lock: a restart starts.
+    first.child.kill().await.unwrap();
+    let _ = first.child.wait().await;
+    let second = Proc::start(&config, &[]).await;
+    let j = get(second.base.clone()).await;
+    assert_eq!(j["attempts"][0]["state"], "unknown", "{j}");
+    assert_eq!(j["attempts"][0]["reason"], "lease_expired");
+    drop(second);
+    let _ = std::fs::remove_dir_all(&dir);
 }

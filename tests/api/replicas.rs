@@ -431,25 +431,45 @@ async fn a_double_click_over_three_replicas_is_one_job_and_one_call() {
     assert_eq!(c.mocks.primary.stats().calls, 1);
 }
 
+/// The `idem_reconciler_passes_total` of a replica.
+async fn reconciler_passes(client: &reqwest::Client, base: &str) -> f64 {
+    let m = get_text(client, format!("{base}/metrics")).await;
+    crate::jobs::sample(&m, "idem_reconciler_passes_total")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_replica_running_an_attempt_leaves_it_unknown_and_unrepeated() {
+    // Every replica runs jobs, and claims and attempt leases are short: the
+    // survivors could re-run the job as soon as the dead one's claim runs
+    // out, and must not. The claim outlasts the attempt's lease, so the
+    // attempt is seen unknown before the claim runs out.
+    let claim_lease = Duration::from_secs(2);
     let spec = Spec {
-        jobs: "attempt_lease = \"1s\"\nreconcile_interval = \"200ms\"\npoll_interval = \"200ms\"\n"
+        jobs: "attempt_lease = \"1s\"\nclaim_lease = \"2s\"\nreconcile_interval = \"200ms\"\n\
+               poll_interval = \"200ms\"\n"
             .into(),
         ..holding()
     };
-    let mut c = Cluster::start_with(3, spec, &redis_url(), |i| {
-        if i == 0 {
-            vec![]
-        } else {
-            vec![("IDEM_JOBS__WORKERS", "0")]
-        }
-    })
-    .await;
+    let mut c = Cluster::start(3, spec, &redis_url()).await;
     let body = json!({"request": chat_body("Transfer 100"), "metadata": {}});
     let (status, id) = create_job(&c.client, c.base(0), "transfer-1", &body).await;
     assert_eq!(status, 201);
     held(&c.mocks.primary, 1).await;
+    // Whichever replica claimed the job logged its attempt's start.
+    let mut runner = None;
+    for _ in 0..1500 {
+        runner = c.procs.iter_mut().position(|p| {
+            p.drain().iter().any(|l| {
+                serde_json::from_str::<Value>(l)
+                    .is_ok_and(|v| v["message"] == "attempt started" && v["job"] == id.as_str())
+            })
+        });
+        if runner.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let runner = runner.expect("no replica logged the attempt's start");
     let get = |base: String| {
         let client = c.client.clone();
         let id = id.clone();
@@ -465,14 +485,13 @@ async fn killing_the_replica_running_an_attempt_leaves_it_unknown_and_unrepeated
                 .unwrap()
         }
     };
-    // Only replica 0 runs jobs (the others have no workers): kill it.
-    let runner = 0;
     c.procs[runner].child.kill().await.unwrap();
     let _ = c.procs[runner].child.wait().await;
-    let alive = (0..3).find(|i| *i != runner).unwrap();
+    let killed = std::time::Instant::now();
+    let alive: Vec<usize> = (0..3).filter(|i| *i != runner).collect();
     let mut job = Value::Null;
     for _ in 0..500 {
-        job = get(c.base(alive).to_string()).await;
+        job = get(c.base(alive[0]).to_string()).await;
         if job["attempts"][0]["state"] == "unknown" {
             break;
         }
@@ -480,13 +499,38 @@ async fn killing_the_replica_running_an_attempt_leaves_it_unknown_and_unrepeated
     }
     assert_eq!(job["attempts"][0]["state"], "unknown", "{job}");
     assert_eq!(job["attempts"][0]["reason"], "lease_expired");
-    // Several reconcile passes later: not re-run, still one job.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let job = get(c.base(alive).to_string()).await;
+    let version = job["version"].clone();
+    // The dead replica's claim on the job has run out (it was renewed at
+    // the latest when it died); from then on, each survivor's reconciler
+    // passes three times (with 200 ms between passes, their workers poll
+    // meanwhile): had any of them requeued the job, a worker would have
+    // claimed it again.
+    let expired = killed + claim_lease;
+    eventually(Duration::from_secs(10), || {
+        std::time::Instant::now() > expired
+    })
+    .await;
+    let mut from = Vec::new();
+    for &i in &alive {
+        from.push(reconciler_passes(&c.client, c.base(i)).await);
+    }
+    for (&i, from) in alive.iter().zip(from) {
+        let (client, base) = (&c.client, c.base(i));
+        eventually_async(Duration::from_secs(10), || async move {
+            reconciler_passes(client, base).await >= from + 3.0
+        })
+        .await;
+    }
+    let job = get(c.base(alive[1]).to_string()).await;
     assert_eq!(job["attempts"].as_array().unwrap().len(), 1, "{job}");
+    assert_eq!(job["attempts"][0]["state"], "unknown", "{job}");
     assert_eq!(job["state"], "running");
+    assert_eq!(
+        job["version"], version,
+        "the job was requeued or claimed again: {job}"
+    );
     assert_eq!(c.mocks.primary.stats().calls, 1);
-    let (status, again) = create_job(&c.client, c.base(alive), "transfer-1", &body).await;
+    let (status, again) = create_job(&c.client, c.base(alive[0]), "transfer-1", &body).await;
     assert_eq!((status, again.as_str()), (200, id.as_str()));
 }
 
