@@ -615,18 +615,32 @@ async fn every_hostile_request_gets_its_documented_error_and_nothing_else() {
         failures.join("\n")
     );
     assert_eq!(app.calls(), 1, "a hostile request reached the provider");
-    // Malformed HTTP is refused by the HTTP layer itself (a bare 400).
+    // Malformed HTTP (a NUL or a control byte in a header, a negative or
+    // doubled Content-Length, no request line, an unknown version, a chunk
+    // size that is not hex) is refused with a 400 status line, then the
+    // connection closes: a silent close would leave the client guessing.
     for raw in [
         &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\x00b\r\nContent-Length: 2\r\n\r\n{}"[..],
         &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"[..],
         &b"GARBAGE\r\n\r\n"[..],
+        &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"[..],
+        &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-acme-test-1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"[..],
+        &b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: \x7f\x01\r\n\r\n"[..],
+        &b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n"[..],
     ] {
         let mut s = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://")).await.unwrap();
         s.write_all(raw).await.unwrap();
-        let mut buf = vec![0u8; 1024];
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap_or(0);
-        let head = String::from_utf8_lossy(&buf[..n]);
-        assert!(n == 0 || head.starts_with("HTTP/1.1 4"), "{head}");
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+            .await
+            .expect("the connection was not closed")
+            .expect("the connection was reset instead of answered");
+        let head = String::from_utf8_lossy(&got);
+        assert!(
+            head.starts_with("HTTP/1.1 400 "),
+            "{:?}: {head:?}",
+            String::from_utf8_lossy(raw)
+        );
     }
     // No panics (a panic would have been a 500) and the gateway still serves.
     let r = app.chat(ACME, &chat_body("still serving")).await;
