@@ -160,11 +160,13 @@ pub struct Metrics {
 }
 
 /// Open client connections by protocol (`idem_http_connections`), counted
-/// from their first bytes, when the protocol is known.
+/// from their first bytes, when the protocol is known; and the connections
+/// refused past `server.max_connections` (`idem_connections_shed_total`).
 #[derive(Clone)]
 pub struct ConnectionGauges {
     pub http1: Gauge,
     pub http2: Gauge,
+    pub shed: Counter,
 }
 
 impl ConnectionGauges {
@@ -173,6 +175,7 @@ impl ConnectionGauges {
         ConnectionGauges {
             http1: Gauge::noop(),
             http2: Gauge::noop(),
+            shed: Counter::noop(),
         }
     }
 }
@@ -255,9 +258,12 @@ impl Metrics {
             gauge.set(0.0);
             gauge
         };
+        let shed = recorder.register_counter(&Key::from_name("idem_connections_shed_total"), &meta);
+        shed.absolute(0);
         let connections = ConnectionGauges {
             http1: connections_of("http1"),
             http2: connections_of("http2"),
+            shed,
         };
         let m = Metrics {
             recorder,
@@ -321,6 +327,10 @@ impl Metrics {
         d(
             "idem_rate_limited_total",
             "Requests refused with 429 by a tenant's rate limit.",
+        );
+        d(
+            "idem_connections_shed_total",
+            "Client connections refused (503 and closed) because server.max_connections were open.",
         );
         d(
             "idem_log_lines_dropped_total",

@@ -28,6 +28,8 @@ pub enum ApiError {
     },
     #[error("request body larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    #[error("the request body did not arrive within {limit:?}")]
+    BodyTimeout { limit: Duration },
     #[error("model `{0}` does not exist")]
     ModelNotFound(String),
     #[error("{0} not found")]
@@ -76,6 +78,7 @@ impl ApiError {
             ApiError::AdminOnly | ApiError::TenantOnly => StatusCode::FORBIDDEN,
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::WaitTimeout { .. } | ApiError::JobInProgress { .. } => {
@@ -96,6 +99,7 @@ impl ApiError {
             ApiError::TenantOnly => ("permission_error", "tenant_key_required"),
             ApiError::BadRequest { code, .. } => ("invalid_request_error", code),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", "request_too_large"),
+            ApiError::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
             ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::Conflict { code, .. } => ("invalid_request_error", code),
@@ -133,10 +137,13 @@ impl ApiError {
         {
             h.insert(HeaderName::from_static("idem-job-id"), v);
         }
-        // The unread rest of an oversized body makes the connection unusable:
-        // say so, or a keep-alive client sends its next request into a
-        // connection that is closing.
-        if matches!(self, ApiError::PayloadTooLarge { .. }) {
+        // The unread rest of an oversized or late body makes the connection
+        // unusable: say so, or a keep-alive client sends its next request
+        // into a connection that is closing.
+        if matches!(
+            self,
+            ApiError::PayloadTooLarge { .. } | ApiError::BodyTimeout { .. }
+        ) {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if matches!(self, ApiError::Unauthorized) {
