@@ -11,6 +11,8 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::metrics::Refusal;
+
 /// Every error a client can receive from idem.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -112,6 +114,33 @@ impl ApiError {
         }
     }
 
+    /// How a chat completion request that ends with this error is counted
+    /// (the `outcome` label of `idem_requests_total`).
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            ApiError::Unauthorized
+            | ApiError::AdminOnly
+            | ApiError::TenantOnly
+            | ApiError::BadRequest { .. }
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::BodyTimeout { .. }
+            | ApiError::ModelNotFound(_)
+            | ApiError::NotFound(_)
+            | ApiError::Conflict { .. }
+            | ApiError::RateLimited { .. } => Refusal::Rejected,
+            ApiError::WaitTimeout { .. } => Refusal::WaitTimeout,
+            ApiError::JobInProgress { .. } => Refusal::JobTimeout,
+            // The failover rule's answer when every target is skipped.
+            ApiError::Upstream {
+                code: "no_target_available",
+                ..
+            } => Refusal::NoTarget,
+            ApiError::Upstream { .. } | ApiError::Unavailable(_) | ApiError::Internal(_) => {
+                Refusal::Error
+            }
+        }
+    }
+
     fn param(&self) -> Option<&str> {
         match self {
             ApiError::BadRequest { param, .. } => param.as_deref(),
@@ -199,6 +228,56 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["error"]["code"], "internal_error");
         assert_eq!(v["error"]["type"], "server_error");
+    }
+
+    #[test]
+    fn each_error_is_counted_under_its_refusal() {
+        let no_target = crate::contracts::failover::NoTarget(Vec::new()).into_api_error();
+        assert_eq!(no_target.refusal(), Refusal::NoTarget);
+        let upstream = ApiError::Upstream {
+            status: StatusCode::BAD_GATEWAY,
+            message: "x".into(),
+            code: "job_failed",
+            retry_after: None,
+        };
+        for (err, expected) in [
+            (ApiError::Unauthorized, Refusal::Rejected),
+            (ApiError::TenantOnly, Refusal::Rejected),
+            (ApiError::PayloadTooLarge { limit: 1 }, Refusal::Rejected),
+            (
+                ApiError::BodyTimeout {
+                    limit: Duration::from_secs(1),
+                },
+                Refusal::Rejected,
+            ),
+            (ApiError::ModelNotFound("m".into()), Refusal::Rejected),
+            (ApiError::RateLimited { retry_after: 1 }, Refusal::Rejected),
+            (
+                ApiError::WaitTimeout {
+                    waited: Duration::from_secs(1),
+                    retry_after: 1,
+                },
+                Refusal::WaitTimeout,
+            ),
+            (
+                ApiError::JobInProgress { job_id: "j".into() },
+                Refusal::JobTimeout,
+            ),
+            (upstream, Refusal::Error),
+            (ApiError::Unavailable("storage"), Refusal::Error),
+        ] {
+            assert_eq!(err.refusal(), expected, "{err:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_late_body_is_408_and_closes_the_connection() {
+        let resp = ApiError::BodyTimeout {
+            limit: Duration::from_secs(30),
+        }
+        .into_response();
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(resp.headers()[header::CONNECTION], "close");
     }
 
     #[tokio::test]
