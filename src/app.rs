@@ -161,12 +161,18 @@ impl App {
         tracing::info!(%addr, source = %state.config.source, "idem listening");
         let server_stop = stop.clone();
         let connections = state.metrics.connections.clone();
-        let serve =
-            crate::http::server::serve(listener, router(state.clone()), connections, async move {
+        let bounds = crate::http::server::Bounds::from_config(&state.config.server);
+        let serve = crate::http::server::serve(
+            listener,
+            router(state.clone()),
+            connections,
+            bounds,
+            async move {
                 shutdown.await;
                 tracing::info!("shutting down: no new connections");
                 server_stop.cancel();
-            });
+            },
+        );
         let mut server = tokio::spawn(serve);
         // Wait for the signal (or a server failure), then give connections
         // in progress their grace.

@@ -109,6 +109,15 @@ pub struct ServerConfig {
     /// Serve without `[[tenants]]` on a non-loopback address (everybody is
     /// tenant `default`). Off by default: an open gateway must be a choice.
     pub allow_anonymous: bool,
+    /// How long a request's body may take to arrive, from its head; past it
+    /// the answer is 408 and the connection closes (a client trickling a
+    /// byte at a time would otherwise hold its request open for ever).
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Client connections open at once; past it new ones are shed (an
+    /// HTTP/1.1 503 and a close) rather than let the process run out of
+    /// file descriptors.
+    pub max_connections: MaxConnections,
 }
 
 impl Default for ServerConfig {
@@ -121,6 +130,64 @@ impl Default for ServerConfig {
             max_messages: 2048,
             shutdown_grace: Duration::from_secs(10),
             allow_anonymous: false,
+            body_timeout: Duration::from_secs(30),
+            max_connections: MaxConnections::Auto,
+        }
+    }
+}
+
+/// `server.max_connections`: a number, or `auto` (three quarters of the
+/// process's open-file limit, the rest left for upstream calls, storage
+/// and logs; 10,000 where the limit cannot be read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MaxConnections {
+    #[default]
+    Auto,
+    Fixed(usize),
+}
+
+impl MaxConnections {
+    /// The largest number accepted (far beyond any open-file limit).
+    pub const MOST: usize = 1 << 24;
+}
+
+impl<'de> Deserialize<'de> for MaxConnections {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = MaxConnections;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"auto\" or a number of connections")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<MaxConnections, E> {
+                usize::try_from(n)
+                    .map(MaxConnections::Fixed)
+                    .map_err(|_| E::custom("too large"))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<MaxConnections, E> {
+                u64::try_from(n)
+                    .map_err(|_| E::custom("expected \"auto\" or a positive number"))
+                    .and_then(|n| self.visit_u64(n))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<MaxConnections, E> {
+                if s == "auto" {
+                    return Ok(MaxConnections::Auto);
+                }
+                // An environment override arrives as text.
+                s.parse::<u64>()
+                    .map_err(|_| E::custom("expected \"auto\" or a number of connections"))
+                    .and_then(|n| self.visit_u64(n))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl Serialize for MaxConnections {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MaxConnections::Auto => s.serialize_str("auto"),
+            MaxConnections::Fixed(n) => s.serialize_u64(*n as u64),
         }
     }
 }
@@ -691,6 +758,17 @@ impl Config {
         if self.server.request_timeout.is_zero() {
             return Err(self.invalid("server.request_timeout", "must be above zero"));
         }
+        if self.server.body_timeout.is_zero() {
+            return Err(self.invalid("server.body_timeout", "must be above zero"));
+        }
+        if let MaxConnections::Fixed(n) = self.server.max_connections
+            && !(1..=MaxConnections::MOST).contains(&n)
+        {
+            return Err(self.invalid(
+                "server.max_connections",
+                format!("must be within 1..={} (or \"auto\")", MaxConnections::MOST),
+            ));
+        }
         if self.tenants.is_empty() && !listen.ip().is_loopback() && !self.server.allow_anonymous {
             return Err(self.invalid(
                 "tenants",
@@ -1229,6 +1307,33 @@ targets = [{ provider = "a", model = "x", context_window = 1024 }, { provider = 
             );
         }
         assert!(parse(&route("timeout = \"5s\"\nlate_result_window = \"6s\"")).is_ok());
+    }
+
+    #[test]
+    fn body_timeout_and_max_connections_parse_and_are_checked() {
+        let c = parse("").unwrap();
+        assert_eq!(c.server.body_timeout, Duration::from_secs(30));
+        assert_eq!(c.server.max_connections, MaxConnections::Auto);
+        let c = parse("[server]\nbody_timeout = \"500ms\"\nmax_connections = 3\n").unwrap();
+        assert_eq!(c.server.body_timeout, Duration::from_millis(500));
+        assert_eq!(c.server.max_connections, MaxConnections::Fixed(3));
+        let c = parse("[server]\nmax_connections = \"auto\"\n").unwrap();
+        assert_eq!(c.server.max_connections, MaxConnections::Auto);
+        // As an environment override may give it.
+        let c = parse("[server]\nmax_connections = \"250\"\n").unwrap();
+        assert_eq!(c.server.max_connections, MaxConnections::Fixed(250));
+        for (text, key) in [
+            ("body_timeout = \"0s\"", "server.body_timeout"),
+            ("max_connections = 0", "server.max_connections"),
+            ("max_connections = -1", "max_connections"),
+            ("max_connections = \"many\"", "max_connections"),
+            ("max_connections = 100000000", "server.max_connections"),
+        ] {
+            let err = parse(&format!("[server]\n{text}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
     }
 
     #[test]

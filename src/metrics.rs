@@ -66,12 +66,70 @@ impl Outcome {
     }
 }
 
+/// Why a chat completion request got an error of idem's own instead of an
+/// answer with an [`Outcome`]: its `outcome` label, so that every request
+/// is counted. A fixed set, like the route label (a configured route or
+/// [`UNROUTED`]), so that no client can add label values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Refusal {
+    /// Refused before any work: no or a wrong key, a rate limit, a body
+    /// that is invalid, too large or too slow, an unknown model, a reused
+    /// idempotency key.
+    Rejected,
+    /// A follower whose wait for its leader ran out.
+    WaitTimeout,
+    /// No target of the route could take the request (circuits open,
+    /// failover not certified).
+    NoTarget,
+    /// A request on the job path whose job was not done within the request
+    /// timeout.
+    JobTimeout,
+    /// Anything else: the store unavailable, an internal error.
+    Error,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 5] = [
+        Refusal::Rejected,
+        Refusal::WaitTimeout,
+        Refusal::NoTarget,
+        Refusal::JobTimeout,
+        Refusal::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Rejected => "rejected",
+            Refusal::WaitTimeout => "wait-timeout",
+            Refusal::NoTarget => "no-target",
+            Refusal::JobTimeout => "job-timeout",
+            Refusal::Error => "error",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Refusal::Rejected => 0,
+            Refusal::WaitTimeout => 1,
+            Refusal::NoTarget => 2,
+            Refusal::JobTimeout => 3,
+            Refusal::Error => 4,
+        }
+    }
+}
+
+/// The `route` label of a request refused before it was routed (or whose
+/// model names no route).
+pub const UNROUTED: &str = "-";
+
 const WAIT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
 struct RouteHandles {
     requests: HashMap<Outcome, Counter>,
+    refused: [Counter; 5],
     wait: Histogram,
     wait_timeouts: Counter,
     leader_errors_shared: Counter,
@@ -112,6 +170,8 @@ pub struct TenantStats {
     incoming: AtomicU64,
     upstream_calls: AtomicU64,
     by_outcome: [AtomicU64; 6],
+    /// By [`Refusal::index`].
+    refused: [AtomicU64; 5],
     wait_timeouts: AtomicU64,
     leader_errors_shared: AtomicU64,
     waits_us: Mutex<Option<Hdr<u64>>>,
@@ -133,6 +193,14 @@ pub struct StatsView {
     pub negative_hits: u64,
     pub bypass: u64,
     pub replays: u64,
+    /// Requests refused before any work (bad key, bad body, unknown model...).
+    pub rejected: u64,
+    /// Requests no target could take.
+    pub no_target: u64,
+    /// Requests whose job was not done within the request timeout.
+    pub job_timeouts: u64,
+    /// Requests that failed inside idem (the store unavailable...).
+    pub errors: u64,
     pub wait_p50_ms: f64,
     pub wait_p95_ms: f64,
     pub wait_p99_ms: f64,
@@ -146,7 +214,12 @@ pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     routes: HashMap<String, RouteHandles>,
+    /// `idem_requests_total{route="-"}` by [`Refusal::index`].
+    unrouted: [Counter; 5],
     tenants: HashMap<String, Arc<TenantStats>>,
+    /// Requests of no tenant (no or a wrong key, an admin key): in the
+    /// gateway's figures, in no tenant's.
+    unattributed: TenantStats,
     upstream: DashMap<(Arc<str>, u16), Counter>,
     /// Per configured provider: 2xx answers that were no chat completion.
     bad_answers: HashMap<String, Counter>,
@@ -166,11 +239,13 @@ pub struct Metrics {
 }
 
 /// Open client connections by protocol (`idem_http_connections`), counted
-/// from their first bytes, when the protocol is known.
+/// from their first bytes, when the protocol is known; and the connections
+/// refused past `server.max_connections` (`idem_connections_shed_total`).
 #[derive(Clone)]
 pub struct ConnectionGauges {
     pub http1: Gauge,
     pub http2: Gauge,
+    pub shed: Counter,
 }
 
 impl ConnectionGauges {
@@ -179,6 +254,7 @@ impl ConnectionGauges {
         ConnectionGauges {
             http1: Gauge::noop(),
             http2: Gauge::noop(),
+            shed: Counter::noop(),
         }
     }
 }
@@ -204,6 +280,15 @@ impl Metrics {
         let counter = |name: &'static str, l: &[(&'static str, &str)]| {
             recorder.register_counter(&Key::from_parts(name, labels(l)), &meta)
         };
+        let refused = |r: &str| {
+            Refusal::ALL.map(|why| {
+                counter(
+                    "idem_requests_total",
+                    &[("route", r), ("outcome", why.as_str())],
+                )
+            })
+        };
+        let unrouted = refused(UNROUTED);
         let mut routes = HashMap::new();
         for route in &config.routes {
             let r = route.model.as_str();
@@ -223,6 +308,7 @@ impl Metrics {
                 route.model.clone(),
                 RouteHandles {
                     requests,
+                    refused: refused(r),
                     wait: recorder.register_histogram(
                         &Key::from_parts("idem_coalesce_wait_seconds", labels(&[("route", r)])),
                         &meta,
@@ -273,15 +359,20 @@ impl Metrics {
             gauge.set(0.0);
             gauge
         };
+        let shed = recorder.register_counter(&Key::from_name("idem_connections_shed_total"), &meta);
+        shed.absolute(0);
         let connections = ConnectionGauges {
             http1: connections_of("http1"),
             http2: connections_of("http2"),
+            shed,
         };
         let m = Metrics {
             recorder,
             handle,
             routes,
+            unrouted,
             tenants,
+            unattributed: TenantStats::default(),
             upstream: DashMap::new(),
             bad_answers,
             too_large,
@@ -305,7 +396,7 @@ impl Metrics {
         };
         d(
             "idem_requests_total",
-            "Chat completion requests by route and outcome.",
+            "Chat completion requests by route (\"-\": not routed) and outcome (the Idem-Outcome, or why it was refused: rejected, wait-timeout, no-target, job-timeout, error).",
         );
         d(
             "idem_upstream_calls_total",
@@ -354,6 +445,10 @@ impl Metrics {
         d(
             "idem_rate_limited_total",
             "Requests refused with 429 by a tenant's rate limit.",
+        );
+        d(
+            "idem_connections_shed_total",
+            "Client connections refused (503 and closed) because server.max_connections were open.",
         );
         d(
             "idem_log_lines_dropped_total",
@@ -428,6 +523,21 @@ impl Metrics {
             t.incoming.fetch_add(1, Ordering::Relaxed);
             t.by_outcome[outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A request got an error of idem's own; `tenant` and `route` as far
+    /// as they were known (a name that is no tenant's or no route's counts
+    /// as unknown, so that no client chooses a label).
+    pub fn refused(&self, tenant: Option<&str>, route: Option<&str>, why: Refusal) {
+        let counters = route
+            .and_then(|r| self.routes.get(r))
+            .map_or(&self.unrouted, |r| &r.refused);
+        counters[why.index()].increment(1);
+        let t = tenant
+            .and_then(|t| self.tenant(t))
+            .map_or(&self.unattributed, |t| &**t);
+        t.incoming.fetch_add(1, Ordering::Relaxed);
+        t.refused[why.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A follower waited `waited` for its leader.
@@ -561,9 +671,14 @@ impl Metrics {
 
     /// `/v1/stats` figures for one tenant, or for all when `tenant` is None.
     pub fn stats(&self, tenant: Option<&str>) -> StatsView {
-        let selected: Vec<&Arc<TenantStats>> = match tenant {
-            Some(t) => self.tenant(t).into_iter().collect(),
-            None => self.tenants.values().collect(),
+        let selected: Vec<&TenantStats> = match tenant {
+            Some(t) => self.tenant(t).map(|t| &**t).into_iter().collect(),
+            None => self
+                .tenants
+                .values()
+                .map(|t| &**t)
+                .chain([&self.unattributed])
+                .collect(),
         };
         let mut v = StatsView::default();
         let mut waits = new_hdr();
@@ -577,6 +692,10 @@ impl Metrics {
             v.negative_hits += get(&t.by_outcome[outcome_index(Outcome::NegativeHit)]);
             v.bypass += get(&t.by_outcome[outcome_index(Outcome::Bypass)]);
             v.replays += get(&t.by_outcome[outcome_index(Outcome::Replay)]);
+            v.rejected += get(&t.refused[Refusal::Rejected.index()]);
+            v.no_target += get(&t.refused[Refusal::NoTarget.index()]);
+            v.job_timeouts += get(&t.refused[Refusal::JobTimeout.index()]);
+            v.errors += get(&t.refused[Refusal::Error.index()]);
             v.wait_timeouts += get(&t.wait_timeouts);
             v.leader_errors_shared += get(&t.leader_errors_shared);
             if let Ok(h) = t.waits_us.lock()
@@ -670,6 +789,49 @@ mod tests {
             text.contains("idem_upstream_calls_total{provider=\"p\",status=\"200\"} 2"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn refused_requests_are_counted_on_a_fixed_set_of_labels() {
+        let c = Config::from_toml_str(
+            "[[tenants]]\nname=\"a\"\napi_keys=[\"key-aaaaaaaa\"]\n[[providers]]\nname=\"p\"\nkind=\"mock\"\n[[routes]]\nmodel=\"m\"\ntargets=[{provider=\"p\",model=\"x\"}]\n",
+            Source::Embedded,
+            false,
+        )
+        .unwrap();
+        let m = Metrics::new(&c);
+        m.request("a", "m", Outcome::Leader);
+        m.refused(Some("a"), Some("m"), Refusal::WaitTimeout);
+        m.refused(Some("a"), Some("m"), Refusal::NoTarget);
+        m.refused(Some("a"), None, Refusal::Rejected);
+        // A client's own names are no labels: an unknown route and an
+        // unknown tenant count as unknown.
+        m.refused(Some("a"), Some("../../etc/passwd"), Refusal::Rejected);
+        m.refused(None, None, Refusal::Rejected);
+        m.refused(Some("not-a-tenant"), None, Refusal::Error);
+        let a = m.stats(Some("a"));
+        assert_eq!(a.incoming_requests, 5);
+        assert_eq!((a.leaders, a.rejected, a.no_target), (1, 2, 1));
+        // The wait timeout itself is counted by the coalescer's call.
+        assert_eq!(a.wait_timeouts, 0);
+        let all = m.stats(None);
+        assert_eq!(all.incoming_requests, 7);
+        assert_eq!((all.rejected, all.errors), (3, 1));
+        assert!((all.upstream_ratio - 0.0).abs() < 1e-9);
+        let text = m.render();
+        for line in [
+            "idem_requests_total{route=\"m\",outcome=\"leader\"} 1",
+            "idem_requests_total{route=\"m\",outcome=\"wait-timeout\"} 1",
+            "idem_requests_total{route=\"m\",outcome=\"no-target\"} 1",
+            "idem_requests_total{route=\"m\",outcome=\"rejected\"} 0",
+            "idem_requests_total{route=\"-\",outcome=\"rejected\"} 3",
+            "idem_requests_total{route=\"-\",outcome=\"error\"} 1",
+            "idem_requests_total{route=\"-\",outcome=\"job-timeout\"} 0",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+        assert!(!text.contains("passwd"), "{text}");
+        assert!(!text.contains("not-a-tenant"), "{text}");
     }
 
     #[test]

@@ -263,7 +263,11 @@
     figure('waiting-followers', s.waiting_followers, int(s.waiting_followers));
     figure('attempt-races', s.attempt_races, int(s.attempt_races));
 
-    for (const st of JOB_STATES) figure('jobs-' + st, s.jobs[st] || 0, int(s.jobs[st] || 0));
+    // `jobs` is null when the store could not be read (see `unreadable`).
+    for (const st of JOB_STATES) {
+      const n = s.jobs ? s.jobs[st] || 0 : null;
+      figure('jobs-' + st, n, int(n));
+    }
     figure('unknown-attempts', s.unknown_attempts, int(s.unknown_attempts));
     $('unknown-card').classList.toggle('alert', s.unknown_attempts > 0);
 

@@ -92,16 +92,7 @@ pub async fn lead(job: LeaderJob) {
     };
 
     let progress = Progress::new();
-    let call = call(
-        &flight,
-        &job.route,
-        job.target,
-        job.body.clone(),
-        job.call_timeout,
-        &job.tenant,
-        &job.metrics,
-        &progress,
-    );
+    let call = call(&job, &flight, &progress);
     let mut answer = tokio::select! {
         a = call => a,
         () = heartbeat(&job, &flight, &progress, global.as_ref()) => return,
@@ -423,16 +414,10 @@ async fn follow_remote(
 /// Calls the target and relays what arrives into the flight; an answer
 /// past the provider's `max_answer_bytes`, or a 2xx that is no chat
 /// completion, ends as a failure.
-async fn call(
-    flight: &Flight,
-    route: &Route,
-    target: usize,
-    body: Bytes,
-    timeout: Duration,
-    tenant: &str,
-    metrics: &Metrics,
-    progress: &Progress,
-) -> Answer {
+async fn call(job: &LeaderJob, flight: &Flight, progress: &Progress) -> Answer {
+    let (route, target, body, timeout) =
+        (&job.route, job.target, job.body.clone(), job.call_timeout);
+    let (tenant, metrics) = (&job.tenant, &job.metrics);
     let Some(t) = route.targets.get(target) else {
         return Answer::from_failure(
             Failure::LeaderLost,

@@ -11,6 +11,8 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::metrics::Refusal;
+
 /// Every error a client can receive from idem.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -28,6 +30,8 @@ pub enum ApiError {
     },
     #[error("request body larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    #[error("the request body did not arrive within {limit:?}")]
+    BodyTimeout { limit: Duration },
     #[error("model `{0}` does not exist")]
     ModelNotFound(String),
     #[error("{0} not found")]
@@ -37,7 +41,12 @@ pub enum ApiError {
     #[error("waited {waited:?} for an identical request in flight")]
     WaitTimeout { waited: Duration, retry_after: u64 },
     #[error("the job is still in progress")]
-    JobInProgress { job_id: String },
+    JobInProgress {
+        job_id: String,
+        /// The request created the job: the job's first attempt counts it
+        /// as the job's one incoming request.
+        created: bool,
+    },
     #[error("{message}")]
     Upstream {
         status: StatusCode,
@@ -76,6 +85,7 @@ impl ApiError {
             ApiError::AdminOnly | ApiError::TenantOnly => StatusCode::FORBIDDEN,
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::WaitTimeout { .. } | ApiError::JobInProgress { .. } => {
@@ -96,6 +106,7 @@ impl ApiError {
             ApiError::TenantOnly => ("permission_error", "tenant_key_required"),
             ApiError::BadRequest { code, .. } => ("invalid_request_error", code),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", "request_too_large"),
+            ApiError::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
             ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::Conflict { code, .. } => ("invalid_request_error", code),
@@ -105,6 +116,39 @@ impl ApiError {
             ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
             ApiError::Unavailable(_) => ("server_error", "unavailable"),
             ApiError::Internal(_) => ("server_error", "internal_error"),
+        }
+    }
+
+    /// True when the request is counted elsewhere: it created a job, whose
+    /// first attempt counts it (one job, one incoming request).
+    pub fn counted_by_its_job(&self) -> bool {
+        matches!(self, ApiError::JobInProgress { created: true, .. })
+    }
+
+    /// How a chat completion request that ends with this error is counted
+    /// (the `outcome` label of `idem_requests_total`).
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            ApiError::Unauthorized
+            | ApiError::AdminOnly
+            | ApiError::TenantOnly
+            | ApiError::BadRequest { .. }
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::BodyTimeout { .. }
+            | ApiError::ModelNotFound(_)
+            | ApiError::NotFound(_)
+            | ApiError::Conflict { .. }
+            | ApiError::RateLimited { .. } => Refusal::Rejected,
+            ApiError::WaitTimeout { .. } => Refusal::WaitTimeout,
+            ApiError::JobInProgress { .. } => Refusal::JobTimeout,
+            // The failover rule's answer when every target is skipped.
+            ApiError::Upstream {
+                code: "no_target_available",
+                ..
+            } => Refusal::NoTarget,
+            ApiError::Upstream { .. } | ApiError::Unavailable(_) | ApiError::Internal(_) => {
+                Refusal::Error
+            }
         }
     }
 
@@ -128,15 +172,18 @@ impl ApiError {
         if let Some(secs) = retry {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
-        if let ApiError::JobInProgress { job_id } = self
+        if let ApiError::JobInProgress { job_id, .. } = self
             && let Ok(v) = HeaderValue::from_str(job_id)
         {
             h.insert(HeaderName::from_static("idem-job-id"), v);
         }
-        // The unread rest of an oversized body makes the connection unusable:
-        // say so, or a keep-alive client sends its next request into a
-        // connection that is closing.
-        if matches!(self, ApiError::PayloadTooLarge { .. }) {
+        // The unread rest of an oversized or late body makes the connection
+        // unusable: say so, or a keep-alive client sends its next request
+        // into a connection that is closing.
+        if matches!(
+            self,
+            ApiError::PayloadTooLarge { .. } | ApiError::BodyTimeout { .. }
+        ) {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if matches!(self, ApiError::Unauthorized) {
@@ -192,6 +239,59 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["error"]["code"], "internal_error");
         assert_eq!(v["error"]["type"], "server_error");
+    }
+
+    #[test]
+    fn each_error_is_counted_under_its_refusal() {
+        let no_target = crate::contracts::failover::NoTarget(Vec::new()).into_api_error();
+        assert_eq!(no_target.refusal(), Refusal::NoTarget);
+        let upstream = ApiError::Upstream {
+            status: StatusCode::BAD_GATEWAY,
+            message: "x".into(),
+            code: "job_failed",
+            retry_after: None,
+        };
+        for (err, expected) in [
+            (ApiError::Unauthorized, Refusal::Rejected),
+            (ApiError::TenantOnly, Refusal::Rejected),
+            (ApiError::PayloadTooLarge { limit: 1 }, Refusal::Rejected),
+            (
+                ApiError::BodyTimeout {
+                    limit: Duration::from_secs(1),
+                },
+                Refusal::Rejected,
+            ),
+            (ApiError::ModelNotFound("m".into()), Refusal::Rejected),
+            (ApiError::RateLimited { retry_after: 1 }, Refusal::Rejected),
+            (
+                ApiError::WaitTimeout {
+                    waited: Duration::from_secs(1),
+                    retry_after: 1,
+                },
+                Refusal::WaitTimeout,
+            ),
+            (
+                ApiError::JobInProgress {
+                    job_id: "j".into(),
+                    created: false,
+                },
+                Refusal::JobTimeout,
+            ),
+            (upstream, Refusal::Error),
+            (ApiError::Unavailable("storage"), Refusal::Error),
+        ] {
+            assert_eq!(err.refusal(), expected, "{err:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_late_body_is_408_and_closes_the_connection() {
+        let resp = ApiError::BodyTimeout {
+            limit: Duration::from_secs(30),
+        }
+        .into_response();
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(resp.headers()[header::CONNECTION], "close");
     }
 
     #[tokio::test]

@@ -82,12 +82,25 @@ impl Caller {
     /// Authenticates the request's key, then spends a token of its tenant's
     /// rate limit, before any work is done for it.
     pub fn admit(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
+        let caller = Caller::authenticate(headers, state)?;
+        caller.limit(state)?;
+        Ok(caller)
+    }
+
+    /// The caller the request's key names.
+    pub fn authenticate(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
         let auth = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
         let who = state
             .keyring
             .authenticate(auth)
             .ok_or(ApiError::Unauthorized)?;
-        if let Principal::Tenant(t) = &who
+        Ok(Caller(who))
+    }
+
+    /// Spends a token of the caller's rate limit (a tenant's; admins have
+    /// none): 429 when the bucket is empty.
+    pub fn limit(&self, state: &AppState) -> Result<(), ApiError> {
+        if let Principal::Tenant(t) = &self.0
             && let Some(limits) = state.keyring.limits(t)
             && let Err(wait) = limits.admit()
         {
@@ -96,7 +109,15 @@ impl Caller {
                 retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
             });
         }
-        Ok(Caller(who))
+        Ok(())
+    }
+
+    /// The tenant's name, if the caller is a tenant.
+    pub fn tenant_name(&self) -> Option<&str> {
+        match &self.0 {
+            Principal::Tenant(t) => Some(t),
+            Principal::Admin => None,
+        }
     }
 
     /// The tenant, or 403 for an admin key on a tenant endpoint.

@@ -31,7 +31,7 @@ use super::{AppState, Caller};
 use crate::answer::{Answer, Form};
 use crate::fingerprint::{self, Fingerprint, Rules};
 use crate::flight::{Ask, Delivery, Flight, RequestBody, Source};
-use crate::metrics::Outcome;
+use crate::metrics::{Outcome, Refusal};
 use crate::reqlog::Entry;
 use crate::routes::Route;
 
@@ -74,10 +74,14 @@ fn chat_completions(
     req: Request,
 ) -> impl Future<Output = Result<Response, ApiError>> {
     let (parts, body) = req.into_parts();
-    let caller = match Caller::admit(&parts.headers, &app) {
+    let caller = match Caller::authenticate(&parts.headers, &app) {
         Ok(caller) => caller,
-        Err(e) => return Either::Left(std::future::ready(Err(e))),
+        Err(e) => return Either::Left(std::future::ready(Err(refused(&app, None, None, e)))),
     };
+    if let Err(e) = caller.limit(&app) {
+        let e = refused(&app, caller.tenant_name(), None, e);
+        return Either::Left(std::future::ready(Err(e)));
+    }
     Either::Right(
         admit(app, caller, parts.headers, body).and_then(|admitted| match admitted {
             Admitted::Answered(resp) => Either::Left(std::future::ready(Ok(resp))),
@@ -108,8 +112,19 @@ struct Admission {
     started: Instant,
 }
 
+/// Counts a request that ends with `e` (every request is counted, its
+/// refusals too), under its tenant and route as far as they are known.
+fn refused(app: &AppState, tenant: Option<&str>, route: Option<&str>, e: ApiError) -> ApiError {
+    if !e.counted_by_its_job() {
+        app.metrics.refused(tenant, route, e.refusal());
+    }
+    e
+}
+
 /// Auth, parse and validate, route, fingerprint; a request with an
-/// `Idempotency-Key` goes the job path from here.
+/// `Idempotency-Key` goes the job path from here. A request refused here
+/// is counted here (one that goes the job path and is answered, by the
+/// job path).
 async fn admit(
     app: AppState,
     caller: Caller,
@@ -117,19 +132,25 @@ async fn admit(
     body: Body,
 ) -> Result<Admitted, ApiError> {
     let started = Instant::now();
-    let tenant = caller.tenant()?;
-    let (req, raw) = read_chat_request(&app, &headers, body, caller.body_limit(&app)).await?;
-    let route = app
-        .routes
-        .get(&req.model)
-        .ok_or_else(|| ApiError::ModelNotFound(req.model.clone()))?
-        .clone();
+    let tenant = caller.tenant().map_err(|e| refused(&app, None, None, e))?;
+    let (req, raw) = read_chat_request(&app, &headers, body, caller.body_limit(&app))
+        .await
+        .map_err(|e| refused(&app, Some(&tenant), None, e))?;
+    let Some(route) = app.routes.get(&req.model).cloned() else {
+        let e = ApiError::ModelNotFound(req.model.clone());
+        return Err(refused(&app, Some(&tenant), None, e));
+    };
     let fp = fingerprint_of(&tenant, &route, &req, &headers);
-    if let Some(key) = crate::jobs::idempotency_key(&headers)? {
+    let key = crate::jobs::idempotency_key(&headers)
+        .map_err(|e| refused(&app, Some(&tenant), Some(&route.name), e))?;
+    if let Some(key) = key {
         // Boxed: the job path's state would otherwise enlarge every chat
         // request's future, coalesced followers' included.
         let job = Box::pin(app.jobs.chat(&app, &tenant, &route, req, fp, key, started));
-        return Ok(Admitted::Answered(job.await?));
+        return match job.await {
+            Ok(resp) => Ok(Admitted::Answered(resp)),
+            Err(e) => Err(refused(&app, Some(&tenant), Some(&route.name), e)),
+        };
     }
     let ChatRequest {
         body,
@@ -186,8 +207,23 @@ async fn reply(a: Admission, obtained: Result<Delivery, ApiError>) -> Result<Res
     let delivery = match obtained {
         Ok(d) => d,
         Err(e) => {
+            let refusal = e.refusal();
+            if !e.counted_by_its_job() {
+                a.app
+                    .metrics
+                    .refused(Some(&a.tenant), Some(&a.route.name), refusal);
+            }
             let mut resp = e.into_response();
-            decorate(resp.headers_mut(), Outcome::Follower, &a.fp, None);
+            // Only a follower's wait runs out; any other error here came
+            // before the request could follow anybody (no target could
+            // take it, its body could not be sent upstream): it was to
+            // lead.
+            let outcome = if refusal == Refusal::WaitTimeout {
+                Outcome::Follower
+            } else {
+                Outcome::Leader
+            };
+            decorate(resp.headers_mut(), outcome, &a.fp, None);
             let status = resp.status().as_u16();
             let logged = logged_body(&a.app, &a.body);
             a.app.reqlog.write(
@@ -195,7 +231,7 @@ async fn reply(a: Admission, obtained: Result<Delivery, ApiError>) -> Result<Res
                     &a.tenant,
                     &a.route.name,
                     &a.fp,
-                    "follower",
+                    refusal.as_str(),
                     status,
                     a.started,
                 )

@@ -1,5 +1,6 @@
-//! Operations endpoints: liveness, readiness (storage reachable), Prometheus
-//! metrics, and `/v1/stats` (admin: every tenant; tenant key: its own).
+//! Operations endpoints: liveness, readiness (the store answers real
+//! queries), Prometheus metrics, and `/v1/stats` (admin: every tenant;
+//! tenant key: its own).
 
 use std::time::Duration;
 
@@ -11,28 +12,53 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::{AppState, Caller};
+use crate::store::{Store, StoreError};
 use crate::tenants::Principal;
+
+/// How long readiness waits for the store.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An id no job, attempt or route has: what readiness looks up.
+const PROBE_ID: &str = "idem-readiness-probe";
 
 pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// Ready when the store answers a query on each of its tables. `SELECT 1`
+/// alone says the database is reachable, not that its tables are there: a
+/// SQLite file whose tables were dropped, or a PostgreSQL schema dropped or
+/// never migrated, answers it and fails every request.
 pub async fn readyz(State(app): State<AppState>) -> Response {
-    match tokio::time::timeout(Duration::from_secs(2), app.store.ping()).await {
-        Ok(Ok(())) => Json(json!({"status": "ready", "storage": "ok"})).into_response(),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "readiness: storage unreachable");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"status": "unavailable", "storage": "unreachable"})),
-            )
-                .into_response()
-        }
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "unavailable", "storage": "timeout"})),
-        )
-            .into_response(),
+    let (storage, detail) = match tokio::time::timeout(READY_TIMEOUT, probe(&*app.store)).await {
+        Ok(Ok(())) => return Json(json!({"status": "ready", "storage": "ok"})).into_response(),
+        Ok(Err(e)) => (store_state(&e), e.to_string()),
+        Err(_) => ("timeout", format!("no answer within {READY_TIMEOUT:?}")),
+    };
+    tracing::warn!(error = %detail, storage, "readiness: storage not usable");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"status": "unavailable", "storage": storage})),
+    )
+        .into_response()
+}
+
+/// A lookup by key in each table, which finds nothing and costs next to
+/// nothing, but fails if the table is not there.
+async fn probe(store: &dyn Store) -> Result<(), StoreError> {
+    store.ping().await?;
+    store.job(None, PROBE_ID).await?;
+    store.attempts(PROBE_ID).await?;
+    store.certifications(PROBE_ID).await?;
+    Ok(())
+}
+
+/// What a store failure says about the store, in one word for clients
+/// (the details, which may name hosts and tables, go to the log).
+fn store_state(e: &StoreError) -> &'static str {
+    match e {
+        StoreError::Unavailable(_) => "unreachable",
+        _ => "broken",
     }
 }
 
@@ -56,15 +82,20 @@ pub async fn metrics(
 
 pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
     let now = crate::store::now_ms();
+    // Figures the store could not give are null, and named here with the
+    // reason, rather than shown as zeros that look like real counts.
+    let mut unreadable = Vec::new();
     match &caller.0 {
         Principal::Tenant(t) => {
             let jobs = job_counts(&app, Some(t)).await;
+            let jobs = readable("jobs", jobs, &mut unreadable);
             Ok(Json(json!({
                 "object": "stats",
                 "tenant": t.as_ref(),
                 "at": crate::jobs::rfc3339(now),
                 "coalescing": app.metrics.stats(Some(t)),
                 "jobs": jobs,
+                "unreadable": unreadable,
             })))
         }
         Principal::Admin => {
@@ -75,18 +106,15 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
                     serde_json::to_value(app.metrics.stats(Some(name))).unwrap_or_default(),
                 );
             }
-            let unknown = app
-                .store
-                .unknown_attempts()
-                .await
-                .map(|v| v.len())
-                .unwrap_or(0);
+            let jobs = readable("jobs", job_counts(&app, None).await, &mut unreadable);
+            let unknown = app.store.unknown_attempts().await.map(|v| json!(v.len()));
+            let unknown = readable("unknown_attempts", unknown, &mut unreadable);
             Ok(Json(json!({
                 "object": "stats",
                 "at": crate::jobs::rfc3339(now),
                 "coalescing": app.metrics.stats(None),
                 "tenants": tenants,
-                "jobs": job_counts(&app, None).await,
+                "jobs": jobs,
                 "unknown_attempts": unknown,
                 "attempt_races": app.metrics.attempt_races(),
                 "inflight_flights": app.coalescer.table.inflight(),
@@ -95,20 +123,37 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
                 "backend": if app.config.coalescing.backend == "memory" { "memory" } else { "redis" },
                 "redis_connected": app.coalescer.shared.get().map(|s| s.healthy()),
                 "redis_errors": app.metrics.redis_errors.get(),
+                "unreadable": unreadable,
             })))
         }
     }
 }
 
-async fn job_counts(app: &AppState, tenant: Option<&str>) -> Value {
+/// A figure read from the store, or null with `{"figure", "reason"}` added
+/// to `unreadable`.
+fn readable(figure: &str, read: Result<Value, StoreError>, unreadable: &mut Vec<Value>) -> Value {
+    match read {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(error = %e, figure, "stats: a figure could not be read");
+            let reason = match e {
+                StoreError::Unavailable(_) => "storage unavailable",
+                _ => "storage error",
+            };
+            unreadable.push(json!({"figure": figure, "reason": reason}));
+            Value::Null
+        }
+    }
+}
+
+/// Jobs by state (every state, zeros included).
+async fn job_counts(app: &AppState, tenant: Option<&str>) -> Result<Value, StoreError> {
     let mut counts = serde_json::Map::new();
     for s in crate::store::JobState::ALL {
         counts.insert(s.as_str().into(), json!(0));
     }
-    if let Ok(rows) = app.store.count_jobs(tenant).await {
-        for (state, n) in rows {
-            counts.insert(state.as_str().into(), json!(n));
-        }
+    for (state, n) in app.store.count_jobs(tenant).await? {
+        counts.insert(state.as_str().into(), json!(n));
     }
-    Value::Object(counts)
+    Ok(Value::Object(counts))
 }

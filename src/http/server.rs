@@ -33,28 +33,44 @@
 //! that long (with a GOAWAY, so that a request crossing it is retried
 //! safely): an HTTP/1.1 keep-alive connection gets the same treatment from
 //! the head timeout.
+//!
+//! A request's body must then arrive within `server.body_timeout` of its
+//! head, however steadily it trickles: past it the request is answered 408
+//! and its connection closed (on HTTP/2, its stream). And the connections
+//! open at once are capped (`server.max_connections`): past the cap a new
+//! one gets a 503 and is closed at once, so that a flood of clients costs a
+//! counted refusal each instead of the file descriptors that upstream
+//! calls, the store and the logs need too.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use metrics::Gauge;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::{Layer, ServiceExt};
 use tower_http::catch_panic::CatchPanicLayer;
 
+use super::error::{ApiError, error_body};
+use crate::config::{MaxConnections, ServerConfig};
 use crate::metrics::ConnectionGauges;
 
 /// How long a client may take to send a request head (or, on a new
@@ -75,6 +91,63 @@ const SNIFF_RETRY: Duration = Duration::from_millis(5);
 /// Pause after an accept error that is not about one connection (e.g. out
 /// of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// `server.max_connections = "auto"` where the open-file limit cannot be
+/// read.
+const FALLBACK_MAX_CONNECTIONS: usize = 10_000;
+
+/// What the server holds its clients to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// How long a new connection may take to send its first bytes, a
+    /// request its head, and how long a connection may stay idle.
+    pub head_timeout: Duration,
+    /// How long a request's body may take to arrive, from its head.
+    pub body_timeout: Duration,
+    /// Client connections open at once; more are shed.
+    pub max_connections: usize,
+}
+
+impl Bounds {
+    /// The bounds of `[server]` (`max_connections = "auto"` resolved here).
+    pub fn from_config(server: &ServerConfig) -> Bounds {
+        let max_connections = match server.max_connections {
+            MaxConnections::Fixed(n) => n,
+            MaxConnections::Auto => auto_max_connections(open_file_limit()),
+        };
+        Bounds {
+            head_timeout: HEADER_READ_TIMEOUT,
+            body_timeout: server.body_timeout,
+            max_connections,
+        }
+    }
+}
+
+/// Three quarters of the open-file limit: the other quarter is for upstream
+/// calls, the store, Redis and the logs.
+fn auto_max_connections(open_files: Option<u64>) -> usize {
+    open_files
+        .map_or(FALLBACK_MAX_CONNECTIONS, |n| {
+            usize::try_from(n / 4 * 3).unwrap_or(MaxConnections::MOST)
+        })
+        .clamp(1, MaxConnections::MOST)
+}
+
+/// The soft limit on open files of this process (Linux: `/proc`), if it
+/// has one and it can be read.
+fn open_file_limit() -> Option<u64> {
+    soft_open_file_limit(&std::fs::read_to_string("/proc/self/limits").ok()?)
+}
+
+/// The soft limit in the text of `/proc/self/limits`: the line is
+/// "Max open files  <soft>  <hard>  files", and "unlimited" is no limit.
+fn soft_open_file_limit(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
 
 /// Serves `router` on `listener` until `shutdown` resolves; then stops
 /// accepting, lets each connection finish the request it is serving (idle
@@ -83,38 +156,33 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     connections: ConnectionGauges,
+    bounds: Bounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    serve_with(listener, router, connections, shutdown, HEADER_READ_TIMEOUT).await;
-}
-
-/// [`serve`] with another bound on a new connection's first bytes, on a
-/// request head and on an idle HTTP/2 connection (the tests' way to see it
-/// work without waiting 30 s).
-async fn serve_with(
-    listener: TcpListener,
-    router: Router,
-    connections: ConnectionGauges,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    header_read_timeout: Duration,
-) {
+    tracing::debug!(
+        max_connections = bounds.max_connections,
+        body_timeout = ?bounds.body_timeout,
+        "client bounds"
+    );
     let mut h1 = http1::Builder::new();
     h1.half_close(true)
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+        .header_read_timeout(bounds.head_timeout);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .keep_alive_interval(HTTP2_PING_INTERVAL)
         .keep_alive_timeout(HTTP2_PING_TIMEOUT);
     let common = Arc::new(Common {
+        // Every route in its final form once, not per request.
+        router: router.with_state(()),
         h1,
         h2,
         connections,
-        header_read_timeout,
+        bounds,
+        open: AtomicUsize::new(0),
+        shed_answer: shed_answer(),
     });
-    // Turn every route into its final form once, not per request.
-    let router: Router = router.with_state(());
     // Every connection's task, waited for after the listener closes.
     let tasks = TaskTracker::new();
     // Tells connections to finish the request they serve and close.
@@ -133,39 +201,34 @@ async fn serve_with(
                 }
             },
         };
+        let Some(admitted) = Admitted::new(&common) else {
+            shed(tcp, &common);
+            continue;
+        };
         // Answers and stream chunks are small: send each at once, never
         // held back by Nagle's algorithm waiting for the client's ACK.
         if let Err(err) = tcp.set_nodelay(true) {
             tracing::debug!(%err, "cannot set TCP_NODELAY on a client connection");
         }
-        // A clone of the router shares its route table (an `Arc`). A
-        // handler's panic is caught here, around the router, rather than by
-        // a router layer: that would box every request's future once more
-        // (a 384-byte allocation for each waiting request), where this
-        // wraps it inside the connection's task at no cost in its size.
-        let service = CatchPanicLayer::custom(super::panic_response)
-            .layer(router.clone())
-            .map_request(|req: hyper::Request<Incoming>| req.map(Body::new))
-            .map_response(axum_body);
-        let common = Arc::clone(&common);
         let closing = closing.clone();
         tasks.spawn(async move {
             // hyper gives an HTTP/1.1 connection its 8 KiB read buffer at
             // once: wait for the first bytes (or the end) so that open idle
             // connections cost next to nothing.
             let protocol = tokio::select! {
-                sniffed = tokio::time::timeout(common.header_read_timeout, sniff(&tcp)) => match sniffed {
+                sniffed = tokio::time::timeout(admitted.bounds.head_timeout, sniff(&tcp)) => match sniffed {
                     Ok(Ok(Some(protocol))) => protocol,
                     Ok(Ok(None) | Err(_)) | Err(_) => return,
                 },
                 () = closing.cancelled() => return,
             };
             let _open = Open::count(match protocol {
-                Protocol::Http1 => common.connections.http1.clone(),
-                Protocol::Http2 => common.connections.http2.clone(),
+                Protocol::Http1 => admitted.connections.http1.clone(),
+                Protocol::Http2 => admitted.connections.http2.clone(),
             });
             let io = TokioIo::new(tcp);
-            let Common { h1, h2, .. } = &*common;
+            let Common { h1, h2, .. } = &*admitted;
+            let service = Requests(Arc::clone(&admitted.0));
             let ended = match protocol {
                 Protocol::Http1 => {
                     let conn = pin!(h1.serve_connection(io, TowerToHyperService::new(service)));
@@ -181,7 +244,7 @@ async fn serve_with(
                     let stop = pin!(async {
                         tokio::select! {
                             () = closing.cancelled() => {}
-                            () = idle(&streams, common.header_read_timeout) => {}
+                            () = idle(&streams, admitted.bounds.head_timeout) => {}
                         }
                     });
                     until_closed(conn, http2::Connection::graceful_shutdown, stop).await
@@ -198,21 +261,243 @@ async fn serve_with(
     tasks.wait().await;
 }
 
-/// A response with its body as axum's (the panic catcher gives its own).
-fn axum_body(
-    resp: hyper::Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, axum::BoxError>>,
-) -> hyper::Response<Body> {
-    resp.map(Body::new)
-}
-
 /// What every connection's task shares: in one `Arc` rather than in each
 /// task's state, which stays within 1 KiB (the cell tokio allocates for it
 /// would otherwise be 1,152 bytes, and jemalloc's next size class 1,280).
 struct Common {
+    router: Router,
     h1: http1::Builder,
     h2: http2::Builder<TokioExecutor>,
     connections: ConnectionGauges,
-    header_read_timeout: Duration,
+    bounds: Bounds,
+    /// Connections admitted and not yet ended.
+    open: AtomicUsize,
+    /// What a shed connection is sent.
+    shed_answer: Bytes,
+}
+
+/// A connection counted against `max_connections` from its accept until
+/// its task ends (however it ends). It is the task's handle on [`Common`]
+/// too, so the count costs the task no room.
+struct Admitted(Arc<Common>);
+
+impl Admitted {
+    /// Admits one more connection, or none past the cap.
+    fn new(common: &Arc<Common>) -> Option<Admitted> {
+        let before = common.open.fetch_add(1, Ordering::AcqRel);
+        if before >= common.bounds.max_connections {
+            common.open.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Admitted(Arc::clone(common)))
+    }
+}
+
+impl std::ops::Deref for Admitted {
+    type Target = Common;
+    fn deref(&self) -> &Common {
+        &self.0
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The whole HTTP/1.1 answer a shed connection gets: 503 with an OpenAI
+/// error object, `Retry-After` and `Connection: close`.
+fn shed_answer() -> Bytes {
+    let body = error_body(
+        "too many open connections; retry later",
+        "server_error",
+        "too_many_connections",
+        None,
+    )
+    .to_string();
+    Bytes::from(format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ))
+}
+
+/// Sheds a connection past the cap, without a task and without reading
+/// it: the answer is written at once (a fresh socket's send buffer holds
+/// it; if it does not, the client gets the close alone), the sending side
+/// is shut so that the client reads the answer and its end even if the
+/// close then resets the connection over an unread request, and the socket
+/// is closed.
+fn shed(tcp: TcpStream, common: &Common) {
+    common.connections.shed.increment(1);
+    tracing::debug!(
+        max_connections = common.bounds.max_connections,
+        "connection shed: too many open"
+    );
+    let _ = tcp.try_write(&common.shed_answer);
+    if let Ok(tcp) = tcp.into_std() {
+        let _ = tcp.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+/// The service of one connection: the router, each request's body bound
+/// to arrive within `server.body_timeout` of its head (a request whose
+/// body did not is answered 408, whatever its handler made of the body's
+/// error, and its connection closed).
+///
+/// A handler's panic is caught here, around the router, rather than by a
+/// router layer: that would box every request's future once more (a
+/// 384-byte allocation for each waiting request), where this wraps it
+/// inside the connection's task at no cost in its size. The service itself
+/// is one `Arc` (hyper keeps it in the connection's task, and clones it
+/// for each request); the router's clone for a request shares its route
+/// table.
+#[derive(Clone)]
+struct Requests(Arc<Common>);
+
+/// A handler's answer (or a 500 for its panic), before the body check.
+type Answer = tower_http::catch_panic::ResponseFuture<
+    axum::routing::future::RouteFuture<Infallible>,
+    PanicAnswer,
+>;
+
+impl tower::Service<hyper::Request<Incoming>> for Requests {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Deadlined;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // A router is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: hyper::Request<Incoming>) -> Deadlined {
+        let mut router = CatchPanicLayer::custom(PanicAnswer).layer(self.0.router.clone());
+        // A request without a body (or whose body is all in) has nothing to
+        // wait for: no clock.
+        if req.body().is_end_stream() {
+            return Deadlined {
+                answer: router.call(req.map(Body::new)),
+                clock: None,
+            };
+        }
+        let limit = self.0.bounds.body_timeout;
+        let clock = Arc::new(BodyClock {
+            deadline: Instant::now() + limit,
+            limit,
+            expired: AtomicBool::new(false),
+        });
+        let req = req.map(|inner| {
+            Body::new(TimedBody {
+                inner: Some(inner),
+                timer: None,
+                clock: Arc::clone(&clock),
+            })
+        });
+        Deadlined {
+            answer: router.call(req),
+            clock: Some(clock),
+        }
+    }
+}
+
+/// The answer to a request whose handler panicked: a 500 with an OpenAI
+/// error object.
+#[derive(Clone, Copy)]
+struct PanicAnswer;
+
+impl tower_http::catch_panic::ResponseForPanic for PanicAnswer {
+    type ResponseBody = Body;
+
+    fn response_for_panic(&mut self, err: Box<dyn std::any::Any + Send + 'static>) -> Response {
+        super::panic_response(err)
+    }
+}
+
+/// The deadline of one request's body, shared by the body and the answer.
+struct BodyClock {
+    deadline: Instant,
+    limit: Duration,
+    /// Set by the body when it failed for want of time.
+    expired: AtomicBool,
+}
+
+/// A request's answer, replaced by a 408 if its body ran out of time.
+struct Deadlined {
+    answer: Answer,
+    clock: Option<Arc<BodyClock>>,
+}
+
+impl Future for Deadlined {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let answer = ready!(Pin::new(&mut this.answer).poll(cx))?;
+        Poll::Ready(Ok(match &this.clock {
+            // `Connection: close` (hyper drops it on HTTP/2, where the
+            // stream ends instead) tells an HTTP/1.1 client not to reuse a
+            // connection whose request was not read to its end.
+            Some(c) if c.expired.load(Ordering::Acquire) => {
+                ApiError::BodyTimeout { limit: c.limit }.into_response()
+            }
+            _ => answer.map(Body::new),
+        }))
+    }
+}
+
+/// A request body that must end by its clock's deadline. Past it, while
+/// the client still has not sent it all, it fails (and says so on the
+/// clock). A timer is armed only if the body is not all in at the first
+/// read.
+struct TimedBody {
+    inner: Option<Incoming>,
+    timer: Option<Pin<Box<Sleep>>>,
+    clock: Arc<BodyClock>,
+}
+
+/// The error a [`TimedBody`] ends with past its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+struct BodyTimedOut;
+
+impl hyper::body::Body for TimedBody {
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let TimedBody {
+            inner,
+            timer,
+            clock,
+        } = self.get_mut();
+        let Some(body) = inner else {
+            return Poll::Ready(None);
+        };
+        if let Poll::Ready(frame) = Pin::new(body).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(clock.deadline)));
+        ready!(timer.as_mut().poll(cx));
+        clock.expired.store(true, Ordering::Release);
+        // Read no further: the answer is a 408 and the connection closes.
+        *inner = None;
+        Poll::Ready(Some(Err(BodyTimedOut.into())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
+    }
 }
 
 /// Drives a connection to its end; once `stop` resolves, asks it to finish
@@ -452,14 +737,19 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve_with(
+        let bounds = Bounds {
+            head_timeout: limit,
+            body_timeout: limit,
+            max_connections: 100,
+        };
+        let server = tokio::spawn(serve(
             listener,
             router,
             ConnectionGauges::noop(),
+            bounds,
             async move {
                 let _ = stopped.await;
             },
-            limit,
         ));
         (addr, stop, server)
     }
@@ -504,6 +794,25 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[test]
+    fn auto_max_connections_leaves_a_quarter_of_the_open_file_limit() {
+        assert_eq!(auto_max_connections(Some(1024)), 768);
+        assert_eq!(auto_max_connections(Some(20_000)), 15_000);
+        assert_eq!(auto_max_connections(Some(1)), 1);
+        assert_eq!(auto_max_connections(Some(u64::MAX)), MaxConnections::MOST);
+        assert_eq!(auto_max_connections(None), FALLBACK_MAX_CONNECTIONS);
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             127431               127431               processes \n\
+                      Max open files            20000                1048576              files     \n";
+        assert_eq!(soft_open_file_limit(limits), Some(20_000));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(soft_open_file_limit(unlimited), None);
+        assert_eq!(soft_open_file_limit(""), None);
+        #[cfg(target_os = "linux")]
+        assert!(open_file_limit().is_some(), "/proc/self/limits unread");
     }
 
     #[tokio::test]

@@ -198,6 +198,7 @@ impl Jobs {
             if now >= deadline {
                 break Err(ApiError::JobInProgress {
                     job_id: id.to_string(),
+                    created: false,
                 });
             }
             let nap = (deadline - now).min(Duration::from_millis(250));
@@ -228,7 +229,15 @@ impl Jobs {
             created.job
         } else {
             let deadline = started + app.config.server.request_timeout;
-            self.wait(tenant, &created.job.id, deadline).await?
+            self.wait(tenant, &created.job.id, deadline)
+                .await
+                .map_err(|e| match e {
+                    ApiError::JobInProgress { job_id, .. } => ApiError::JobInProgress {
+                        job_id,
+                        created: new,
+                    },
+                    e => e,
+                })?
         };
         // The request that created the job leads it; a retry with the same
         // key that waited on it follows; one that found it done replays.

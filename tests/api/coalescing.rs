@@ -438,6 +438,10 @@ async fn on_wait_timeout_lead_does_not_steal_a_live_lease() {
     leader.abort();
 }
 
+/// Two prompts on the same route and the same provider: while the call for
+/// one is held at the provider, the other is sent upstream and answered at
+/// once. Flights are per fingerprint, so nothing about the first (its
+/// flight, its waiting, its lock) may stand in the second's way.
 #[tokio::test]
 async fn an_automatic_wait_follows_the_observed_latency_not_the_timeout() {
     let app = TestApp::with(Spec {
@@ -484,19 +488,7 @@ async fn an_automatic_wait_follows_the_observed_latency_not_the_timeout() {
 
 #[tokio::test]
 async fn a_slow_fingerprint_does_not_delay_another() {
-    let app = TestApp::with(Spec {
-        primary: Behaviour {
-            hang: true,
-            ..Behaviour::default()
-        },
-        fallback: Some(Behaviour {
-            latency_ms: 50,
-            ..Behaviour::default()
-        }),
-        extra: "[[routes]]\nmodel = \"fast\"\ntargets = [{ provider = \"fallback\", model = \"small\" }]\n".into(),
-        ..Spec::default()
-    })
-    .await;
+    let app = TestApp::with(holding()).await;
     let slow = tokio::spawn({
         let (client, url) = (app.client.clone(), app.url("/v1/chat/completions"));
         async move {
@@ -506,23 +498,30 @@ async fn a_slow_fingerprint_does_not_delay_another() {
                 .json(&chat_body("slow"))
                 .send()
                 .await
+                .unwrap()
         }
     });
-    held(&app.mock, 1).await;
+    let slow_seq = held(&app.mock, 1).await[0];
+    // From now on the provider answers at once; the slow call stays held.
+    app.mock.set_behaviour(Behaviour::default());
     let started = Instant::now();
-    let r = app
-        .chat(
-            ACME,
-            &json!({"model": "fast", "messages": [{"role": "user", "content": "quick"}]}),
-        )
-        .await;
+    let r = app.chat(ACME, &chat_body("quick")).await;
     let took = started.elapsed();
     assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["idem-outcome"], "leader");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(content_of(&v), "mock answer #2 to: quick");
     assert!(
         took < Duration::from_millis(500),
-        "the fast request took {took:?} behind a slow one"
+        "the quick request took {took:?} behind a slow one"
     );
-    slow.abort();
+    assert_eq!(app.mock.stats().held, 1, "the slow call was not held");
+    assert!(!slow.is_finished(), "the slow request was answered early");
+    release(&app.mock, Some(slow_seq)).await;
+    let r = slow.await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(content_of(&v), "mock answer #1 to: slow");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

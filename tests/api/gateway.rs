@@ -725,3 +725,181 @@ async fn on_shutdown_http2_requests_in_progress_finish_and_idle_connections_clos
     drop(idle);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The value of the Prometheus sample `line` (name and labels) in `text`.
+fn sample(text: &str, line: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Every chat completion request is counted, in `idem_requests_total` and
+/// in `/v1/stats`, also those that get no answer of their own: refused
+/// before any work (401, 403, 400, 404 model_not_found, 413, 408: route
+/// `-` until routed, never the model a client made up), a follower whose
+/// wait ran out, a request no target could take. A would-be leader's error
+/// is not labelled `follower`.
+#[tokio::test]
+async fn every_chat_request_is_counted_refusals_included() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let app = TestApp::with(Spec {
+        server: "body_timeout = \"300ms\"\nrequest_timeout = \"300ms\"\n".into(),
+        coalesce: "max_wait = \"300ms\"\n".into(),
+        // A route whose only provider refuses connections: once its
+        // circuit is open, nothing may take the route's requests.
+        extra: "[[providers]]\nname = \"down\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\n\
+                [providers.breaker]\nfailures = 1\ncooldown = \"1h\"\n\
+                [[routes]]\nmodel = \"down-bot\"\ntargets = [{ provider = \"down\", model = \"m\" }]\n"
+            .into(),
+        ..holding()
+    })
+    .await;
+    let post = |key: Option<&str>, body: Vec<u8>, headers: &[(&str, &str)]| {
+        let mut r = app
+            .client
+            .post(app.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        r.send()
+    };
+    let json = |v: &Value| serde_json::to_vec(v).unwrap();
+    let good = json(&chat_body("counted"));
+
+    // Refused before any work.
+    assert_eq!(post(None, good.clone(), &[]).await.unwrap().status(), 401);
+    let r = post(Some("sk-wrong-key"), good.clone(), &[]).await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        post(Some(ADMIN), good.clone(), &[]).await.unwrap().status(),
+        403
+    );
+    let r = post(Some(ACME), b"{not json".to_vec(), &[]).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let mut unknown = chat_body("counted");
+    unknown["model"] = json!("made-up-by-a-client");
+    let r = post(Some(ACME), json(&unknown), &[]).await.unwrap();
+    assert_eq!(r.status(), 404);
+    let r = post(Some(ACME), vec![b' '; 70_000], &[]).await.unwrap();
+    assert_eq!(r.status(), 413);
+    // Routed, then refused: a bad Idempotency-Key.
+    let r = post(Some(ACME), good.clone(), &[("idempotency-key", "a\tb")])
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // A body that does not arrive in time.
+    let mut tcp = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer {ACME}\r\n\
+         Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{{"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 408 "), "{answer:?}");
+
+    // A follower whose wait runs out, behind a held leader.
+    let leader = tokio::spawn(post(Some(ACME), good.clone(), &[]));
+    let seqs = held(&app.mock, 1).await;
+    let r = post(Some(ACME), good.clone(), &[]).await.unwrap();
+    assert_eq!(r.status(), 504);
+    assert_eq!(r.headers()["idem-outcome"], "follower");
+    release(&app.mock, Some(seqs[0])).await;
+    assert_eq!(leader.await.unwrap().unwrap().status(), 200);
+
+    // Requests on the job path whose job is not done in time: the one that
+    // created the job is counted by the job's first attempt (one job, one
+    // incoming request), a retry with the key as a job timeout.
+    let job = json(&chat_body("a job in time?"));
+    for _ in 0..2 {
+        let r = post(Some(ACME), job.clone(), &[("idempotency-key", "counted-1")])
+            .await
+            .unwrap();
+        assert_error(r, 504, "job_in_progress").await;
+    }
+    release(&app.mock, None).await;
+    eventually_async(Duration::from_secs(10), || async {
+        app.get_json(ACME, "/v1/jobs?state=succeeded").await.1["data"]
+            .as_array()
+            .is_some_and(|d| d.len() == 1)
+    })
+    .await;
+
+    // A route whose provider is down: the first request leads and gets the
+    // error; its circuit is then open, and the next request has no target.
+    let mut down = chat_body("nobody answers");
+    down["model"] = json!("down-bot");
+    let r = post(Some(ACME), json(&down), &[]).await.unwrap();
+    assert!(r.status().is_server_error(), "{}", r.status());
+    assert_eq!(r.headers()["idem-outcome"], "leader");
+    let r = post(Some(ACME), json(&down), &[]).await.unwrap();
+    assert_eq!(r.headers()["idem-outcome"], "leader", "a would-be leader");
+    assert_error(r, 503, "no_target_available").await;
+
+    let m = app.metrics().await;
+    for (line, n) in [
+        // 401 twice, 403, 400, 404, 413, 408.
+        ("idem_requests_total{route=\"-\",outcome=\"rejected\"}", 7.0),
+        (
+            "idem_requests_total{route=\"bot\",outcome=\"rejected\"}",
+            1.0,
+        ),
+        (
+            "idem_requests_total{route=\"bot\",outcome=\"wait-timeout\"}",
+            1.0,
+        ),
+        // The held leader, and the job's first attempt.
+        ("idem_requests_total{route=\"bot\",outcome=\"leader\"}", 2.0),
+        (
+            "idem_requests_total{route=\"bot\",outcome=\"job-timeout\"}",
+            1.0,
+        ),
+        (
+            "idem_requests_total{route=\"bot\",outcome=\"follower\"}",
+            0.0,
+        ),
+        (
+            "idem_requests_total{route=\"down-bot\",outcome=\"leader\"}",
+            1.0,
+        ),
+        (
+            "idem_requests_total{route=\"down-bot\",outcome=\"no-target\"}",
+            1.0,
+        ),
+        (
+            "idem_requests_total{route=\"down-bot\",outcome=\"follower\"}",
+            0.0,
+        ),
+        ("idem_coalesce_wait_timeouts_total{route=\"bot\"}", 1.0),
+    ] {
+        assert_eq!(sample(&m, line), Some(n), "{line}\n{m}");
+    }
+    assert!(!m.contains("made-up-by-a-client"), "{m}");
+
+    // The same in /v1/stats: the tenant's own (its 5 refusals, 2 leaders,
+    // a wait timeout, a job not done in time, a request with no target)
+    // and the gateway's (with the 3 requests of no tenant).
+    let (_, mine) = app.get_json(ACME, "/v1/stats").await;
+    let c = &mine["coalescing"];
+    assert_eq!(c["incoming_requests"], 11, "{mine}");
+    assert_eq!(c["job_timeouts"], 1, "{mine}");
+    assert_eq!(c["rejected"], 5, "{mine}");
+    assert_eq!(c["leaders"], 3, "{mine}");
+    assert_eq!(c["followers"], 0, "{mine}");
+    assert_eq!(c["wait_timeouts"], 1, "{mine}");
+    assert_eq!(c["no_target"], 1, "{mine}");
+    let (_, all) = app.get_json(ADMIN, "/v1/stats").await;
+    let c = &all["coalescing"];
+    assert_eq!(c["incoming_requests"], 14, "{all}");
+    assert_eq!(c["rejected"], 8, "{all}");
+}

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -615,18 +616,32 @@ async fn every_hostile_request_gets_its_documented_error_and_nothing_else() {
         failures.join("\n")
     );
     assert_eq!(app.calls(), 1, "a hostile request reached the provider");
-    // Malformed HTTP is refused by the HTTP layer itself (a bare 400).
+    // Malformed HTTP (a NUL or a control byte in a header, a negative or
+    // doubled Content-Length, no request line, an unknown version, a chunk
+    // size that is not hex) is refused with a 400 status line, then the
+    // connection closes: a silent close would leave the client guessing.
     for raw in [
         &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\x00b\r\nContent-Length: 2\r\n\r\n{}"[..],
         &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"[..],
         &b"GARBAGE\r\n\r\n"[..],
+        &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"[..],
+        &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-acme-test-1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"[..],
+        &b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: \x7f\x01\r\n\r\n"[..],
+        &b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n"[..],
     ] {
         let mut s = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://")).await.unwrap();
         s.write_all(raw).await.unwrap();
-        let mut buf = vec![0u8; 1024];
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap_or(0);
-        let head = String::from_utf8_lossy(&buf[..n]);
-        assert!(n == 0 || head.starts_with("HTTP/1.1 4"), "{head}");
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+            .await
+            .expect("the connection was not closed")
+            .expect("the connection was reset instead of answered");
+        let head = String::from_utf8_lossy(&got);
+        assert!(
+            head.starts_with("HTTP/1.1 400 "),
+            "{:?}: {head:?}",
+            String::from_utf8_lossy(raw)
+        );
     }
     // No panics (a panic would have been a 500) and the gateway still serves.
     let r = app.chat(ACME, &chat_body("still serving")).await;
@@ -653,4 +668,226 @@ async fn a_sql_looking_key_is_only_a_key() {
     assert_eq!(r.status(), 200);
     let (_, list) = app.get_json(ACME, "/v1/jobs").await;
     assert_eq!(list["data"][0]["idempotency_key"], key);
+}
+
+/// The bound the body tests set (`server.body_timeout`).
+const BODY_TIMEOUT: Duration = Duration::from_millis(600);
+
+/// Reads what the gateway sends until it closes the connection; how long
+/// that took from `since`. A reset instead of a close fails the test.
+async fn until_closed(
+    read: &mut (impl tokio::io::AsyncRead + Unpin),
+    since: std::time::Instant,
+) -> (Duration, String) {
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), read.read_to_end(&mut got))
+        .await
+        .expect("the connection was not closed")
+        .expect("the connection was reset, not closed");
+    (since.elapsed(), String::from_utf8_lossy(&got).into_owned())
+}
+
+/// A client that announces a large body and trickles it a byte every
+/// 100 ms (never idle for long, never done) gets a 408 with an error
+/// object once the body timeout has passed, on chat completions and on
+/// jobs, and its connection is closed; the gateway goes on serving.
+#[tokio::test]
+async fn a_trickling_body_gets_408_within_the_body_timeout_and_its_connection_closes() {
+    let app = TestApp::with(Spec {
+        server: format!("body_timeout = \"{}ms\"\n", BODY_TIMEOUT.as_millis()),
+        ..Spec::default()
+    })
+    .await;
+    let addr = app.base.trim_start_matches("http://").to_string();
+    for (path, extra) in [(CHAT, ""), ("/v1/jobs", "Idempotency-Key: trickle-1\r\n")] {
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (mut read, mut write) = tcp.into_split();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer {ACME}\r\n{extra}\
+             Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n{{"
+        );
+        write.write_all(head.as_bytes()).await.unwrap();
+        let started = std::time::Instant::now();
+        let trickle = tokio::spawn(async move {
+            let mut sent = 0u32;
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if write.write_all(b" ").await.is_err() {
+                    return sent;
+                }
+                sent += 1;
+            }
+        });
+        let (took, answer) = until_closed(&mut read, started).await;
+        assert!(
+            took >= BODY_TIMEOUT - Duration::from_millis(50),
+            "{path}: answered after {took:?}, before the body timeout: {answer}"
+        );
+        assert!(
+            took < BODY_TIMEOUT + Duration::from_secs(2),
+            "{path}: answered after {took:?}"
+        );
+        assert!(answer.starts_with("HTTP/1.1 408 "), "{path}: {answer}");
+        let lower = answer.to_ascii_lowercase();
+        assert!(
+            lower.contains("\r\nconnection: close\r\n"),
+            "{path}: {answer}"
+        );
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        assert_eq!(v["error"]["code"], "body_timeout", "{path}: {answer}");
+        assert_eq!(
+            v["error"]["type"], "invalid_request_error",
+            "{path}: {answer}"
+        );
+        trickle.abort();
+        let sent = trickle.await.unwrap_or(5);
+        assert!(sent >= 3, "{path}: the client trickled only {sent} bytes");
+    }
+    // HTTP/2: the stream is answered 408, and the connection serves on.
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(1);
+    let trickled =
+        http_body_util::StreamBody::new(futures_util::stream::unfold(rx, |mut rx| async move {
+            let chunk = rx.recv().await?;
+            Some((Ok(hyper::body::Frame::data(chunk)), rx))
+        }));
+    let req = hyper::Request::post(format!("{}{CHAT}", app.base))
+        .header("authorization", format!("Bearer {ACME}"))
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(trickled))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let feeding = tokio::spawn(async move {
+        let mut chunk = bytes::Bytes::from_static(b"{");
+        while tx.send(chunk).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            chunk = bytes::Bytes::from_static(b" ");
+        }
+    });
+    let r = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .expect("no answer over HTTP/2")
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(r.status(), 408);
+    assert!(
+        took >= BODY_TIMEOUT - Duration::from_millis(50),
+        "answered after {took:?}"
+    );
+    let v: Value =
+        serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["error"]["code"], "body_timeout", "{v}");
+    feeding.abort();
+    let empty = http_body_util::Empty::<bytes::Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed();
+    let r = sender
+        .send_request(
+            hyper::Request::get(format!("{}/healthz", app.base))
+                .body(empty)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(sender);
+    let _ = conn.await;
+    // The gateway goes on serving over HTTP/1.1 too.
+    let r = app.chat(ACME, &chat_body("after the trickle")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.calls(), 1, "a trickled request reached the provider");
+}
+
+/// Sends a request for `/healthz` on a kept-alive connection and reads its
+/// answer; true for a 200.
+async fn healthz_on(tcp: &mut tokio::net::TcpStream) -> bool {
+    if tcp
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: idem\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    // The answer is small and fixed: read up to its body's end.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while !got.ends_with(b"{\"status\":\"ok\"}") {
+        match tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return false,
+        }
+    }
+    got.starts_with(b"HTTP/1.1 200 ")
+}
+
+/// With `max_connections = 3`, a fourth connection gets a 503 with an error
+/// object and is closed at once (counted in `idem_connections_shed_total`),
+/// while the three go on being served; once one of them closes, a new
+/// connection is served again.
+#[tokio::test]
+async fn connections_past_max_connections_are_shed_and_the_open_ones_stay_served() {
+    let app = TestApp::with(Spec {
+        server: "max_connections = 3\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let addr = app.base.trim_start_matches("http://").to_string();
+    let shed_total = || {
+        let text = app.state.metrics.render();
+        text.lines()
+            .find_map(|l| l.strip_prefix("idem_connections_shed_total "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no idem_connections_shed_total: {text}"))
+    };
+    assert_eq!(shed_total(), 0);
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        assert!(
+            healthz_on(&mut tcp).await,
+            "one of the first three was refused"
+        );
+        open.push(tcp);
+    }
+
+    let mut fourth = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (took, answer) = until_closed(&mut fourth, std::time::Instant::now()).await;
+    assert!(took < Duration::from_secs(2), "shed after {took:?}");
+    assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+    let lower = answer.to_ascii_lowercase();
+    assert!(lower.contains("\r\nconnection: close\r\n"), "{answer}");
+    assert!(lower.contains("\r\nretry-after: "), "{answer}");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    assert_eq!(v["error"]["code"], "too_many_connections", "{answer}");
+    assert!(v["error"]["message"].is_string(), "{answer}");
+    assert_eq!(shed_total(), 1);
+
+    // The three are served as before.
+    for tcp in &mut open {
+        assert!(healthz_on(tcp).await, "an open connection lost its service");
+    }
+    // One closes: its place is free again (once the gateway has seen the
+    // close; until then a new connection is shed, and counted).
+    drop(open.pop());
+    eventually_async(Duration::from_secs(10), || {
+        let addr = addr.clone();
+        async move {
+            let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            healthz_on(&mut tcp).await
+        }
+    })
+    .await;
+    assert!(shed_total() >= 1);
+    for tcp in &mut open {
+        assert!(healthz_on(tcp).await);
+    }
 }

@@ -131,3 +131,102 @@ async fn a_served_gateway_reports_the_lines_its_log_writers_drop() {
     drop(proc);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Breaks the store under a running gateway: SQLite loses its tables,
+/// PostgreSQL its schema. The database itself still answers `SELECT 1`.
+async fn break_store(app: &TestApp, postgres: Option<&str>) {
+    match postgres {
+        None => {
+            let url = format!("sqlite://{}", app.dir.join("idem.db").display());
+            let db = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .unwrap();
+            for table in ["attempts", "certifications", "jobs"] {
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+                    .execute(&db)
+                    .await
+                    .unwrap();
+            }
+        }
+        Some(url) => {
+            let schema = url.rsplit("search_path%3D").next().unwrap().to_string();
+            let db = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&pg_url())
+                .await
+                .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                .execute(&db)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// `/readyz` runs real queries: a store whose tables are gone (a SQLite
+/// file whose tables were dropped, a PostgreSQL schema dropped under the
+/// gateway) is not ready, though its database still answers `SELECT 1`.
+/// And `/v1/stats` says which figures it could not read (null, and named
+/// in `unreadable`) instead of showing zeros.
+#[tokio::test]
+async fn a_broken_store_is_not_ready_and_stats_say_what_they_could_not_read() {
+    for postgres in [false, true] {
+        let storage_url = if postgres {
+            Some(pg_schema().await)
+        } else {
+            None
+        };
+        let app = TestApp::with(Spec {
+            storage_url: storage_url.clone(),
+            ..Spec::default()
+        })
+        .await;
+        let r = app.client.get(app.url("/readyz")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "postgres: {postgres}");
+        let (_, stats) = app.get_json(ACME, "/v1/stats").await;
+        assert_eq!(stats["jobs"]["queued"], 0, "{stats}");
+        assert_eq!(stats["unreadable"], serde_json::json!([]), "{stats}");
+
+        break_store(&app, storage_url.as_deref()).await;
+        let r = app.client.get(app.url("/readyz")).send().await.unwrap();
+        assert_eq!(
+            r.status(),
+            503,
+            "postgres: {postgres}: ready with a broken store"
+        );
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["status"], "unavailable", "{v}");
+        assert_eq!(v["storage"], "broken", "{v}");
+
+        let (status, stats) = app.get_json(ACME, "/v1/stats").await;
+        assert_eq!(status, 200, "{stats}");
+        assert!(stats["jobs"].is_null(), "{stats}");
+        assert_eq!(
+            stats["unreadable"],
+            serde_json::json!([{"figure": "jobs", "reason": "storage error"}]),
+            "{stats}"
+        );
+        // The coalescing figures are the gateway's own: still there.
+        assert!(stats["coalescing"]["incoming_requests"].is_u64(), "{stats}");
+        let (status, stats) = app.get_json(ADMIN, "/v1/stats").await;
+        assert_eq!(status, 200, "{stats}");
+        assert!(stats["jobs"].is_null(), "{stats}");
+        assert!(stats["unknown_attempts"].is_null(), "{stats}");
+        let figures: Vec<&str> = stats["unreadable"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["figure"].as_str().unwrap())
+            .collect();
+        assert_eq!(figures, ["jobs", "unknown_attempts"], "{stats}");
+        // No SQL, table or host names reach the client.
+        let text = stats.to_string();
+        assert!(
+            !text.contains("no such table") && !text.contains("does not exist"),
+            "{text}"
+        );
+        app.stop().await;
+    }
+}
