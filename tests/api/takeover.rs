@@ -20,11 +20,19 @@ fn bodies(results: &Results) -> HashSet<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_takeover_that_answers_at_once_is_every_waiters_answer() {
+    let _ = takeover_answers_at_once(&redis_url()).await;
+}
+
+/// Leader replica 0 is SIGKILLed mid-call with followers waiting on
+/// replicas 1 and 2; the take-over's call answers at once, before the other
+/// replica's waiter looks again. Every survivor gets the take-over's answer
+/// and nobody calls a third time. Returns the cluster (replicas 1 and 2 up).
+pub(crate) async fn takeover_answers_at_once(redis: &str) -> Cluster {
     let spec = Spec {
         coalesce: "lease = \"1s\"\nmax_wait = \"30s\"\n".into(),
         ..holding()
     };
-    let mut c = Cluster::start(3, spec, &redis_url()).await;
+    let mut c = Cluster::start(3, spec, redis).await;
     let body = chat_body("Who answers after a take-over?");
     let doomed = c.fire(&[0], &body, 1);
     held(&c.mocks.primary, 1).await;
@@ -49,6 +57,7 @@ async fn a_takeover_that_answers_at_once_is_every_waiters_answer() {
         "a waiter led again after the take-over had answered"
     );
     let _ = collect(doomed).await;
+    c
 }
 
 /// Leader A (replica 0) calls and is paused past its lease with its local
