@@ -8,9 +8,10 @@
 //! contract: only once the whole answer passed it), turns an answer past
 //! the provider's size limit or a 2xx that is no chat completion into a
 //! failure, records the call's outcome in the target's circuit breaker,
-//! writes the result (or the negative) cache before the flight ends, and
-//! ends the flight. Its [`LeaderTicket`] is dropped on every path, which
-//! removes the flight.
+//! then completes the shared flight (a leader whose lease a newer one took
+//! writes nothing and hands its waiters the newer answer), writes its own
+//! replica's result (or negative) cache, and ends the flight. Its
+//! [`LeaderTicket`] is dropped on every path, which removes the flight.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -1,19 +1,23 @@
 //! Shared flights and cache across replicas (`coalescing.backend =
 //! "redis://..."` for one server, `"redis+cluster://..."` for a Redis
-//! Cluster; SPEC sections 4 and 9).
+//! Cluster).
 //!
 //! Each replica still coalesces locally first (its flight table), so only
 //! one task per fingerprint per replica ever talks to Redis. That task runs
 //! [`RedisFlights::begin`], one Lua script that answers from the shared
-//! result or negative cache, or takes the flight (`SET NX PX` with an owner
-//! token), or reports that another replica leads. The leader renews its
+//! result or negative cache, or takes the flight, or reports that another
+//! replica leads. Every take of a flight gets a generation, a number per
+//! fingerprint and target that only grows (`INCR`); the flight key holds
+//! `<generation>:<token>` with the lease as its TTL. The leader renews its
 //! lease every lease/3 and ends the flight with [`RedisFlights::complete`],
 //! which writes the caches and the result, deletes the flight and publishes
-//! the completion, all fenced by the token: a presumed-dead leader's late
-//! answer never overwrites a newer one. Followers on other replicas wake on
-//! the published message; a slow poll is the fallback for a missed one, and
-//! it is also how a waiter notices a dead leader: when the lease has expired,
-//! exactly one waiter's `SET NX` takes the lead.
+//! the completion only while its generation is the flight's newest
+//! (fencing): a presumed-dead leader's late answer goes nowhere, whatever
+//! is cached. Followers on other replicas wake on the published message; a
+//! slow poll is the fallback for a missed one. A waiter is done with the
+//! result of its generation or of any later one (a take-over's), and takes
+//! the flight over only when there is no live flight, no such result and no
+//! cached answer: one take-over, one answer for every waiter.
 //!
 //! Every key of a fingerprint carries it as a hash tag (`{<hex>}`), so each
 //! script touches one Redis Cluster slot. Every operation has a timeout; on
