@@ -258,6 +258,7 @@ targets = [{ provider = "silent", model = "never" }]
 [routes.attempts]
 max = 1
 timeout = "300ms"
+late_result_window = "1s"
 [[routes]]
 model = "support"
 contract = "support.toml"
@@ -423,8 +424,9 @@ test('jobs: by state, unknown attempts highlighted, attempt races counted', asyn
   }));
   assert.ok(await page.locator(`#recent-jobs tr[data-job-id="${held}"]`).evaluate((n) => n.classList.contains('held')));
 
-  // The provider that never answers: its call times out after 1 s, and one
-  // failure opens its circuit. The attempt stays unknown all the same.
+  // The provider that never answers: the attempt's call listens for a late
+  // answer for 1 s (the route's late_result_window), then times out, and
+  // one failure opens its circuit. The attempt stays unknown all the same.
   const fragile = page.locator('[data-testid="target-fragile-0"] .circuit');
   await until('the silent target\'s circuit opens', async () => ({ ok: (await fragile.getAttribute('data-state')) === 'open' }));
   assert.match(await fragile.textContent(), /probe in/);
