@@ -14,7 +14,8 @@
 //! the completion only while its generation is the flight's newest
 //! (fencing): a presumed-dead leader's late answer goes nowhere, whatever
 //! is cached. Followers on other replicas wake on the published message; a
-//! slow poll is the fallback for a missed one. A waiter is done with the
+//! slow poll is the fallback for a missed one, and a quick poll while the
+//! subscription is not known to hear (it probes itself, see [`listen`]). A waiter is done with the
 //! result of its generation or of any later one (a take-over's), and takes
 //! the flight over only when there is no live flight, no such result and no
 //! cached answer: one take-over, one answer for every waiter.
@@ -356,6 +357,9 @@ pub struct RedisFlights {
     last_error_log: AtomicU64,
     started: Instant,
     healthy: AtomicBool,
+    /// Whether this replica's subscription is known to hear completions
+    /// (see [`listen`]); while it is not, waiters poll quickly.
+    listening: AtomicBool,
 }
 
 impl RedisFlights {
@@ -369,56 +373,14 @@ impl RedisFlights {
         poll: Duration,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<RedisFlights>, SharedError> {
-        let (conn, mut sub, mut rx) = match backend {
+        let (conn, mut sub, rx) = match backend {
             SharedBackend::Redis(url) => connect_single(url, timeout).await?,
             SharedBackend::RedisCluster(nodes) => connect_cluster(nodes, timeout).await?,
             SharedBackend::Memory => return Err(SharedError::Memory),
         };
         let shared = Arc::new(RedisFlights::new(conn, prefix, timeout, poll, metrics));
         sub.subscribe(&shared.channel).await?;
-        // Completion messages wake the local waiter of that flight; a
-        // disconnection wakes them all, so they poll for what they missed,
-        // and a ping until it answers makes the connection reconnect (and
-        // re-subscribe) even though nothing else is sent on it.
-        let weak = Arc::downgrade(&shared);
-        tokio::spawn(async move {
-            let mut disconnected = false;
-            let mut tick = tokio::time::interval(Duration::from_millis(500));
-            loop {
-                tokio::select! {
-                    push = rx.recv() => {
-                        let Some(push) = push else { break };
-                        let Some(me) = weak.upgrade() else { break };
-                        match push.kind {
-                            PushKind::Message => {
-                                if let Some(redis::Value::BulkString(m)) = push.data.get(1)
-                                    && let Ok(id) = std::str::from_utf8(m)
-                                    && let Some(n) = me.waiters.get(id)
-                                {
-                                    n.notify_waiters();
-                                }
-                            }
-                            PushKind::Disconnection => {
-                                disconnected = true;
-                                for w in me.waiters.iter() {
-                                    w.value().notify_waiters();
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
-                    _ = tick.tick(), if disconnected => {
-                        if weak.strong_count() == 0 {
-                            break;
-                        }
-                        let ping: Result<String, _> = redis::cmd("PING").query_async(&mut sub).await;
-                        if ping.is_ok() {
-                            disconnected = false;
-                        }
-                    }
-                }
-            }
-        });
+        tokio::spawn(listen(Arc::downgrade(&shared), sub, rx));
         Ok(shared)
     }
 
@@ -444,6 +406,7 @@ impl RedisFlights {
             last_error_log: AtomicU64::new(0),
             started: Instant::now(),
             healthy: AtomicBool::new(true),
+            listening: AtomicBool::new(true),
         }
     }
 
@@ -493,6 +456,33 @@ impl RedisFlights {
     /// Whether the last Redis operation succeeded.
     pub fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Whether the subscription is known to hear completion messages: its
+    /// last probe came back and no disconnection was seen since.
+    pub fn listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+
+    /// Marks the subscription deaf or hearing; going deaf wakes every
+    /// waiter, so each polls for what it may have missed and then polls
+    /// quickly until the subscription hears again.
+    fn set_listening(&self, on: bool) {
+        let was = self.listening.swap(on, Ordering::Relaxed);
+        if was && !on {
+            for w in self.waiters.iter() {
+                w.value().notify_waiters();
+            }
+        }
+    }
+
+    /// How long a waiter sleeps between polls when no message wakes it.
+    fn poll_interval(&self) -> Duration {
+        if self.listening() {
+            self.poll
+        } else {
+            self.poll.min(DEAF_POLL)
+        }
     }
 
     /// Shared cache, then the flight: see the module documentation.
@@ -635,7 +625,7 @@ impl RedisFlights {
                 }
                 tokio::select! {
                     () = &mut notified => {}
-                    () = tokio::time::sleep(self.poll) => {}
+                    () = tokio::time::sleep(self.poll_interval()) => {}
                 }
             }
         }
@@ -644,6 +634,91 @@ impl RedisFlights {
         self.waiters
             .remove_if(&id, |_, n| Arc::strong_count(n) == 1);
         result
+    }
+}
+
+/// How often a hearing subscription is probed.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// How often a deaf subscription is re-subscribed and probed.
+const DEAF_PROBE_EVERY: Duration = Duration::from_millis(250);
+/// A waiter's poll interval while the subscription is deaf.
+const DEAF_POLL: Duration = Duration::from_millis(100);
+
+/// The subscription's task. A completion message wakes the local waiter of
+/// that flight. Whether the subscription still hears is not left to the
+/// client library's resubscription after an outage (on a Redis Cluster it
+/// may come back silently without the channel): the task publishes a probe
+/// of its own every [`PROBE_EVERY`] and counts the subscription deaf when a
+/// disconnection is pushed or a probe does not come back in time. While
+/// deaf, waiters poll every [`DEAF_POLL`] and the task subscribes again and
+/// probes every [`DEAF_PROBE_EVERY`] until a probe comes back.
+async fn listen(shared: std::sync::Weak<RedisFlights>, mut sub: Conn, mut rx: Pushes) {
+    let nonce = uuid::Uuid::now_v7().simple().to_string();
+    let mut seq = 0u64;
+    // Any probe of this task that comes back proves the subscription hears.
+    let mine = format!("probe:{nonce}:");
+    // When the oldest unanswered probe was sent.
+    let mut probe: Option<Instant> = None;
+    let mut last_heard = Instant::now();
+    let mut tick = tokio::time::interval(DEAF_PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            push = rx.recv() => {
+                let Some(push) = push else { break };
+                let Some(me) = shared.upgrade() else { break };
+                match push.kind {
+                    PushKind::Message => {
+                        let Some(redis::Value::BulkString(m)) = push.data.get(1) else {
+                            continue;
+                        };
+                        if m.starts_with(mine.as_bytes()) {
+                            probe = None;
+                            last_heard = Instant::now();
+                            me.set_listening(true);
+                        } else if let Ok(id) = std::str::from_utf8(m)
+                            && let Some(n) = me.waiters.get(id)
+                        {
+                            n.notify_waiters();
+                        }
+                    }
+                    PushKind::Disconnection => me.set_listening(false),
+                    _ => {}
+                }
+            }
+            _ = tick.tick() => {
+                let Some(me) = shared.upgrade() else { break };
+                let deadline = (me.timeout * 4).max(Duration::from_secs(1));
+                if me.listening()
+                    && probe.is_some_and(|sent| sent.elapsed() > deadline)
+                {
+                    me.set_listening(false);
+                }
+                let due = if me.listening() {
+                    probe.is_none() && last_heard.elapsed() >= PROBE_EVERY
+                } else {
+                    true
+                };
+                if !due {
+                    continue;
+                }
+                if !me.listening() {
+                    // Subscribing again is harmless on a live subscription
+                    // and makes a dropped connection reconnect.
+                    let _ = tokio::time::timeout(me.timeout, sub.subscribe(&me.channel)).await;
+                }
+                seq += 1;
+                let message = format!("{mine}{seq}");
+                let mut conn = me.conn.clone();
+                let sent = Instant::now();
+                let mut publish = redis::cmd("PUBLISH");
+                publish.arg(&me.channel).arg(&message);
+                let publish = publish.query_async::<i64>(&mut conn);
+                if let Ok(Ok(_)) = tokio::time::timeout(me.timeout, publish).await {
+                    probe.get_or_insert(sent);
+                }
+            }
+        }
     }
 }
 
@@ -997,5 +1072,59 @@ mod tests {
         let (r, took) = waiter.await.unwrap();
         assert!(matches!(r.unwrap(), Remote::Done(_)));
         assert!(took < Duration::from_secs(5));
+    }
+
+    /// A subscription that lost its channel without a disconnection (as a
+    /// cluster client's resubscription may) is found deaf by its probe: the
+    /// waiter it left asleep is woken to poll, and subscribing again makes
+    /// it hear. Without the probe the waiter sleeps its whole 30 s poll.
+    #[tokio::test]
+    async fn a_silently_deaf_subscription_is_found_and_heals() {
+        let config = Config::from_toml_str("", Source::Embedded, false).unwrap();
+        let timeout = Duration::from_millis(250);
+        let (conn, sub, rx) = connect_single(&redis_url(), timeout).await.unwrap();
+        let prefix = format!("idem-unit-{}", uuid::Uuid::now_v7().simple());
+        let s = Arc::new(RedisFlights::new(
+            conn,
+            &prefix,
+            timeout,
+            Duration::from_secs(30),
+            Arc::new(Metrics::new(&config)),
+        ));
+        // Never subscribed: deaf, though nothing says so.
+        tokio::spawn(listen(Arc::downgrade(&s), sub, rx));
+        assert!(s.listening());
+        let k = key();
+        let a = match s.begin(&k, "a", KEEP, true, true).await.unwrap() {
+            Begin::Lead(g) => lease(g, "a"),
+            _ => panic!("no lead"),
+        };
+        let waiter = {
+            let s = s.clone();
+            let g = a.generation;
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let r = s.wait_remote(&k, g, "b", KEEP, true).await;
+                (r, started.elapsed())
+            })
+        };
+        while s.waiters.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(matches!(
+            complete(&s, &k, &a, "done").await,
+            Completion::Accepted
+        ));
+        let (r, took) = waiter.await.unwrap();
+        assert!(matches!(r.unwrap(), Remote::Done(_)));
+        assert!(took < Duration::from_secs(10), "the waiter slept {took:?}");
+        let healed = Instant::now();
+        while !s.listening() {
+            assert!(
+                healed.elapsed() < Duration::from_secs(10),
+                "the subscription never heard again"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

@@ -122,6 +122,7 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
                 "replica": app.jobs.worker_id,
                 "backend": if app.config.coalescing.backend == "memory" { "memory" } else { "redis" },
                 "redis_connected": app.coalescer.shared.get().map(|s| s.healthy()),
+                "redis_subscribed": app.coalescer.shared.get().map(|s| s.listening()),
                 "redis_errors": app.metrics.redis_errors.get(),
                 "unreadable": unreadable,
             })))

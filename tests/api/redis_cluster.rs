@@ -385,7 +385,10 @@ async fn a_redis_cluster_outage_degrades_to_local_coalescing_and_recovers() {
                 .send()
                 .await;
             assert_eq!(r.unwrap().status(), 200);
-            if c.admin_stats(i).await["redis_connected"] == serde_json::json!(true) {
+            let stats = c.admin_stats(i).await;
+            if stats["redis_connected"] == serde_json::json!(true)
+                && stats["redis_subscribed"] == serde_json::json!(true)
+            {
                 break;
             }
             assert!(Instant::now() < deadline, "replica {i} never reconnected");

@@ -355,7 +355,8 @@ async fn a_redis_outage_degrades_to_local_coalescing_and_recovers() {
                 .send()
                 .await;
             assert_eq!(r.unwrap().status(), 200);
-            if c.admin_stats(i).await["redis_connected"] == json!(true) {
+            let stats = c.admin_stats(i).await;
+            if stats["redis_connected"] == json!(true) && stats["redis_subscribed"] == json!(true) {
                 break;
             }
         }
