@@ -134,7 +134,7 @@ pub struct Answer {
 /// Lazily rendered forms of an answer's body.
 #[derive(Debug, Clone, Default)]
 pub struct Rendered {
-    plain: OnceLock<Bytes>,
+    plain: OnceLock<Result<Bytes, Bytes>>,
     stream: OnceLock<Bytes>,
     stream_with_usage: OnceLock<Bytes>,
     usage: OnceLock<Option<(u64, u64)>>,
@@ -216,17 +216,34 @@ impl Answer {
         }
         let _ = self.rendered.usage.set(usage_of(&completion));
         if self.form == Form::Stream {
-            let _ = self.rendered.plain.set(Bytes::from(completion.to_string()));
+            let _ = self
+                .rendered
+                .plain
+                .set(Ok(Bytes::from(completion.to_string())));
         }
         None
     }
 
     /// This answer replaced by a [`Failure::BadAnswer`] that says `why`.
     pub fn into_bad(self, why: &Malformed) -> Answer {
-        let message = format!(
-            "provider {} answered with something that is not a chat completion: {why}",
-            self.provider
-        );
+        let message = match why {
+            // The provider's own words, as far as they go.
+            Malformed::Stream(SseError::Upstream(error)) => {
+                let said = error
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no message");
+                let said: String = said.chars().take(500).collect();
+                format!(
+                    "provider {} reported an error in its stream: {said}",
+                    self.provider
+                )
+            }
+            _ => format!(
+                "provider {} answered with something that is not a chat completion: {why}",
+                self.provider
+            ),
+        };
         let mut bad = Answer::from_failure(Failure::BadAnswer, &message, self.provider, self.model);
         bad.upstream_latency = self.upstream_latency;
         bad
@@ -237,12 +254,14 @@ impl Answer {
     /// bookkeeping).
     pub fn size_bytes(&self) -> usize {
         let rendered = [
-            self.rendered.plain.get(),
+            self.rendered.plain.get().and_then(|p| p.as_ref().ok()),
             self.rendered.stream.get(),
             self.rendered.stream_with_usage.get(),
         ]
         .into_iter()
         .flatten()
+        // A rendering that is the body itself costs nothing more.
+        .filter(|b| b.as_ptr() != self.body.as_ptr())
         .map(Bytes::len)
         .sum::<usize>();
         self.body.len() + rendered + self.provider.len() + self.model.len()
@@ -309,20 +328,22 @@ impl Answer {
         }
     }
 
-    /// The body as a plain `chat.completion` JSON document.
-    pub fn plain_body(&self) -> Bytes {
+    /// The body as a plain `chat.completion` JSON document, or, for a
+    /// stream that cannot be assembled into one, an OpenAI error body (a
+    /// success in name only: never to be sent with a 2xx).
+    pub fn plain_body(&self) -> Result<Bytes, Bytes> {
         match self.form {
-            Form::Plain => self.body.clone(),
+            Form::Plain => Ok(self.body.clone()),
             Form::Stream => self.rendered.plain.get_or_init(|| self.assemble()).clone(),
         }
     }
 
-    fn assemble(&self) -> Bytes {
+    fn assemble(&self) -> Result<Bytes, Bytes> {
         match crate::sse::assemble(&self.body) {
-            Ok(v) => Bytes::from(v.to_string()),
+            Ok(v) => Ok(Bytes::from(v.to_string())),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot assemble a streamed answer");
-                Bytes::from(
+                Err(Bytes::from(
                     error_body(
                         "the provider's stream could not be assembled",
                         "upstream_error",
@@ -330,27 +351,35 @@ impl Answer {
                         None,
                     )
                     .to_string(),
-                )
+                ))
             }
         }
     }
 
-    /// The body as an SSE stream (only meaningful for a success).
+    /// The body as an SSE stream (only meaningful for a success), rendered
+    /// for the asker: with a usage chunk when it asked for one
+    /// (`stream_options.include_usage`) and the usage is known, without one
+    /// when it did not, whatever the leader's request asked. Each rendering
+    /// is made once and shared.
     pub fn stream_body(&self, include_usage: bool) -> Bytes {
-        if self.form == Form::Stream {
-            return self.body.clone();
-        }
         let slot = if include_usage {
             &self.rendered.stream_with_usage
         } else {
             &self.rendered.stream
         };
-        slot.get_or_init(
-            || match serde_json::from_slice::<serde_json::Value>(&self.body) {
+        slot.get_or_init(|| match self.form {
+            Form::Stream if include_usage => self
+                .completion_json()
+                .and_then(|c| crate::sse::with_usage(&self.body, &c))
+                .unwrap_or_else(|| self.body.clone()),
+            Form::Stream => {
+                crate::sse::without_usage(&self.body).unwrap_or_else(|| self.body.clone())
+            }
+            Form::Plain => match serde_json::from_slice::<serde_json::Value>(&self.body) {
                 Ok(v) => crate::sse::synthesize(&v, include_usage),
                 Err(_) => self.body.clone(),
             },
-        )
+        })
         .clone()
     }
 
@@ -359,7 +388,8 @@ impl Answer {
         match self.form {
             Form::Plain => serde_json::from_slice(&self.body).ok(),
             Form::Stream => match self.rendered.plain.get() {
-                Some(plain) => serde_json::from_slice(plain).ok(),
+                Some(Ok(plain)) => serde_json::from_slice(plain).ok(),
+                Some(Err(_)) => None,
                 None => crate::sse::assemble(&self.body).ok(),
             },
         }

@@ -482,10 +482,20 @@ pub struct ProviderConfig {
     /// rest of the body is not read.
     #[serde(default = "default_max_answer_bytes")]
     pub max_answer_bytes: usize,
+    /// Ask for usage on streamed calls (`stream_options.include_usage`),
+    /// whatever the client asked, so that every client of a shared stream
+    /// can be given its token counts; off for an OpenAI-compatible server
+    /// that refuses `stream_options`.
+    #[serde(default = "default_true")]
+    pub stream_usage: bool,
 }
 
 fn default_provider_timeout() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_max_answer_bytes() -> usize {

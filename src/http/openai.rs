@@ -12,7 +12,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::Body;
@@ -31,7 +31,7 @@ use super::{AppState, Caller};
 use crate::answer::{Answer, Form};
 use crate::fingerprint::{self, Fingerprint, Rules};
 use crate::flight::{Ask, Delivery, Flight, RequestBody, Source};
-use crate::metrics::{Outcome, Refusal};
+use crate::metrics::Outcome;
 use crate::reqlog::Entry;
 use crate::routes::Route;
 
@@ -65,8 +65,21 @@ impl Handler<OwnHandler, AppState> for ChatCompletions {
     type Future = Pin<Box<dyn Future<Output = Response> + Send>>;
 
     fn call(self, req: Request, app: AppState) -> Self::Future {
-        Box::pin(chat_completions(app, req).map(IntoResponse::into_response))
+        Box::pin(chat_completions(app, req).map(|r| r.unwrap_or_else(refusal_response)))
     }
+}
+
+/// An error of idem's own as the client gets it. Its `Idem-Outcome` says
+/// what happened to the request, the outcome it is counted under
+/// (`rejected`, `wait-timeout`, `no-target`, `job-timeout`, `error`): a
+/// request refused before any flight existed was neither a leader nor a
+/// follower.
+fn refusal_response(e: ApiError) -> Response {
+    let refusal = e.refusal();
+    let mut resp = e.into_response();
+    resp.headers_mut()
+        .insert(IDEM_OUTCOME, HeaderValue::from_static(refusal.as_str()));
+    resp
 }
 
 fn chat_completions(
@@ -213,17 +226,10 @@ async fn reply(a: Admission, obtained: Result<Delivery, ApiError>) -> Result<Res
                     .metrics
                     .refused(Some(&a.tenant), Some(&a.route.name), refusal);
             }
-            let mut resp = e.into_response();
-            // Only a follower's wait runs out; any other error here came
-            // before the request could follow anybody (no target could
-            // take it, its body could not be sent upstream): it was to
-            // lead.
-            let outcome = if refusal == Refusal::WaitTimeout {
-                Outcome::Follower
-            } else {
-                Outcome::Leader
-            };
-            decorate(resp.headers_mut(), outcome, &a.fp, None);
+            let mut resp = refusal_response(e);
+            if let Ok(v) = HeaderValue::from_str(&a.fp.to_string()) {
+                resp.headers_mut().insert(IDEM_FINGERPRINT, v);
+            }
             let status = resp.status().as_u16();
             let logged = logged_body(&a.app, &a.body);
             a.app.reqlog.write(
@@ -376,7 +382,7 @@ pub async fn respond(
 ) -> Response {
     let mut resp = match &d.source {
         Source::Live(flight) if wants_stream && flight_streams(flight).await => {
-            live_response(flight.clone())
+            live_response(flight.clone(), include_usage)
         }
         _ => render(&*d.answer().await, wants_stream, include_usage),
     };
@@ -429,33 +435,34 @@ pub fn decorate(h: &mut HeaderMap, outcome: Outcome, fp: &Fingerprint, answer: O
 
 /// A finished answer in the requested form.
 pub fn render(answer: &Answer, wants_stream: bool, include_usage: bool) -> Response {
-    let mut resp = if !answer.is_success() {
+    if !answer.is_success() {
         // Errors are JSON whatever the client asked for, as OpenAI does.
-        let mut r = Response::new(Body::from(answer.body.clone()));
-        *r.status_mut() = answer.status;
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let Some(ra) = answer.retry_after {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(ra.as_secs()));
-        }
-        r
-    } else if wants_stream {
-        sse_response(Body::from(answer.stream_body(include_usage)))
-    } else {
-        let mut r = Response::new(Body::from(answer.plain_body()));
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        r
-    };
-    if answer.is_success() {
-        *resp.status_mut() = StatusCode::OK;
+        return json_response(answer.body.clone(), answer.status, answer.retry_after);
     }
-    resp
+    if wants_stream {
+        return sse_response(Body::from(answer.stream_body(include_usage)));
+    }
+    match answer.plain_body() {
+        Ok(plain) => json_response(plain, StatusCode::OK, None),
+        // A success whose stream cannot be assembled is no answer for a
+        // plain request (the completion check keeps such answers out; this
+        // is its last line): a 502, never a 200 with an error body.
+        Err(error) => json_response(error, StatusCode::BAD_GATEWAY, None),
+    }
+}
+
+fn json_response(body: Bytes, status: StatusCode, retry_after: Option<Duration>) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(ra) = retry_after {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(ra.as_secs()));
+    }
+    r
 }
 
 fn sse_response(body: Body) -> Response {
@@ -469,12 +476,14 @@ fn sse_response(body: Body) -> Response {
     r
 }
 
-/// Relays a streaming flight: everything buffered so far, then live.
-fn live_response(flight: Arc<Flight>) -> Response {
+/// Relays a streaming flight: everything buffered so far, then live. The
+/// leader's call asked the provider for usage (see `Route::body_for`); a
+/// client that did not ask for it gets the stream without its usage chunk.
+fn live_response(flight: Arc<Flight>, include_usage: bool) -> Response {
     let rx = flight.subscribe();
     let stream = futures_util::stream::unfold(
         (flight, rx, 0usize, false),
-        |(flight, mut rx, next, ended)| async move {
+        move |(flight, mut rx, next, ended)| async move {
             if ended {
                 return None;
             }
@@ -482,7 +491,10 @@ fn live_response(flight: Arc<Flight>) -> Response {
                 let (chunks, done) = flight.chunks_from(next);
                 if !chunks.is_empty() {
                     let n = chunks.len();
-                    let bytes = concat(chunks);
+                    let mut bytes = concat(chunks);
+                    if !include_usage && let Some(fewer) = crate::sse::without_usage(&bytes) {
+                        bytes = fewer;
+                    }
                     return Some((Ok::<_, Infallible>(bytes), (flight, rx, next + n, false)));
                 }
                 if let Some(answer) = done {
@@ -552,7 +564,7 @@ mod tests {
     #[test]
     fn a_chat_requests_boxed_future_fits_in_1024_bytes() {
         let boxed = future_size(&|app: AppState, req: Request| {
-            chat_completions(app, req).map(IntoResponse::into_response)
+            chat_completions(app, req).map(|r| r.unwrap_or_else(refusal_response))
         });
         assert!(boxed <= 1024, "the chat handler's future is {boxed} bytes");
     }

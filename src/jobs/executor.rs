@@ -584,7 +584,12 @@ impl AttemptCtx {
 
     async fn complete(&self, answer: &Answer) -> AttemptEnd {
         let (app, a) = (&self.app, &self.attempt);
-        let result = String::from_utf8_lossy(&answer.plain_body()).into_owned();
+        // A success passed the completion check, so its stream assembles;
+        // one that does not is no result.
+        let Ok(plain) = answer.plain_body() else {
+            return self.settle_failed("bad_upstream_answer").await;
+        };
+        let result = String::from_utf8_lossy(&plain).into_owned();
         match app
             .jobs
             .store

@@ -241,6 +241,13 @@ pub(crate) fn garbage(
         (Garbage::Empty, true) => sse(Vec::new()),
         (Garbage::ErrorObject, false) => json(error),
         (Garbage::ErrorObject, true) => sse(vec![first, frame(&error)]),
+        (Garbage::StreamError, false) => json(error),
+        (Garbage::StreamError, true) => sse(chunks
+            .iter()
+            .take(2)
+            .map(|c| frame(c))
+            .chain([frame(&error), frame("[DONE]")])
+            .collect()),
         (Garbage::EmptyChoices, false) => {
             let mut answer = completion(request, seq, content);
             answer["choices"] = json!([]);

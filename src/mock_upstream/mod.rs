@@ -101,6 +101,10 @@ pub enum Garbage {
     /// An SSE stream (whatever was asked) with the role and content chunks,
     /// then the end of the body: no `finish_reason`, no `[DONE]`.
     StreamWithoutDone,
+    /// An error in the stream, as OpenAI sends one on a server error
+    /// mid-stream: two chunks, then `data: {"error": ...}`, then `[DONE]`
+    /// (plain: like `error_object`).
+    StreamError,
 }
 
 /// Flags of `idem mock-upstream`.

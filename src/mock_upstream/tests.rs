@@ -787,6 +787,18 @@ async fn each_kind_of_garbage_is_a_200_that_is_no_chat_completion() {
         Err(crate::sse::SseError::Upstream(_))
     ));
 
+    // The error mid-stream, then [DONE]: two chunks of content before it.
+    let (_, body) = answer_of(garbage(Garbage::StreamError), true).await;
+    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 4, "{body}");
+    assert!(events[1].contains("\"content\":\"mock \""), "{body}");
+    assert!(events[2].starts_with("data: {\"error\""), "{body}");
+    assert_eq!(events[3], "data: [DONE]");
+    assert!(matches!(
+        assembled(&body),
+        Err(crate::sse::SseError::Upstream(_))
+    ));
+
     let (_, body) = answer_of(garbage(Garbage::EmptyChoices), false).await;
     let v = json_of(&body).unwrap();
     assert_eq!(

@@ -74,6 +74,8 @@ pub struct Provider {
     pub timeout: Duration,
     /// The largest answer taken from it (`max_answer_bytes`).
     pub max_answer_bytes: usize,
+    /// Streamed calls ask for usage (`stream_usage`).
+    pub stream_usage: bool,
     upstream: Upstream,
     api_key: Option<SecretString>,
     client: reqwest::Client,
@@ -198,6 +200,7 @@ impl Provider {
             kind: config.kind,
             timeout: config.timeout,
             max_answer_bytes: config.max_answer_bytes,
+            stream_usage: config.stream_usage,
             upstream,
             api_key,
             client,

@@ -194,11 +194,47 @@ async fn a_stream_that_ends_without_done_or_finish_reason_is_a_shared_502_bad_up
     garbage_is_a_shared_failure(Garbage::StreamWithoutDone).await;
 }
 
+/// Two chunks, then `data: {"error": ...}`, then `[DONE]`, as OpenAI
+/// sends a server error mid-stream: every client of the wave gets the
+/// error, the next identical stream and plain request are negative hits
+/// (a plain one a 502, never a 200 with an error body), and nothing is in
+/// the result cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_error_inside_a_stream_is_a_shared_502_bad_upstream_answer() {
+    garbage_is_a_shared_failure(Garbage::StreamError).await;
+}
+
+/// The provider's own message reaches the client.
 #[tokio::test]
-async fn a_job_against_a_garbage_provider_fails_and_never_succeeds_with_garbage() {
+async fn an_error_inside_a_stream_carries_the_providers_message() {
+    let app = TestApp::with(failing_spec(
+        Behaviour {
+            garbage: Some(Garbage::StreamError),
+            ..Behaviour::default()
+        },
+        None,
+    ))
+    .await;
+    let r = app.chat(ACME, &streamed("an error inside")).await;
+    let r2 = app.chat(ACME, &chat_body("an error inside")).await;
+    assert_eq!(r2.headers()["idem-outcome"], "negative-hit");
+    let v = assert_error(r2, 502, "bad_upstream_answer").await;
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("The server had an error while processing your request."),
+        "{message}"
+    );
+    assert_eq!(r.status(), 200, "the stream had begun");
+}
+
+async fn a_job_against_a_garbage_provider_fails(kind: Garbage) {
+    let request = match kind {
+        Garbage::StreamError => streamed("a job for a broken provider"),
+        _ => chat_body("a job for a broken provider"),
+    };
     let app = TestApp::with(Spec {
         primary: Behaviour {
-            garbage: Some(Garbage::ErrorObject),
+            garbage: Some(kind),
             ..Behaviour::default()
         },
         attempts: "max = 2\nbackoff_base = \"10ms\"\nbackoff_max = \"20ms\"\n".into(),
@@ -209,7 +245,7 @@ async fn a_job_against_a_garbage_provider_fails_and_never_succeeds_with_garbage(
         .post_json(
             ACME,
             "/v1/jobs",
-            &json!({"request": chat_body("a job for a broken provider")}),
+            &json!({"request": request}),
             &[("idempotency-key", "garbage-1")],
         )
         .await;
@@ -242,6 +278,18 @@ async fn a_job_against_a_garbage_provider_fails_and_never_succeeds_with_garbage(
         metrics.contains("idem_attempts_total{provider=\"primary\",outcome=\"failed\"} 2"),
         "{metrics}"
     );
+}
+
+#[tokio::test]
+async fn a_job_against_a_garbage_provider_fails_and_never_succeeds_with_garbage() {
+    a_job_against_a_garbage_provider_fails(Garbage::ErrorObject).await;
+}
+
+/// A job's request that streams gets the error inside the stream: the job
+/// fails and never succeeds with half an answer.
+#[tokio::test]
+async fn a_job_whose_stream_fails_inside_does_not_succeed() {
+    a_job_against_a_garbage_provider_fails(Garbage::StreamError).await;
 }
 
 /// A provider whose answers are padded to `bytes`, held until released.

@@ -813,7 +813,7 @@ async fn every_chat_request_is_counted_refusals_included() {
     let seqs = held(&app.mock, 1).await;
     let r = post(Some(ACME), good.clone(), &[]).await.unwrap();
     assert_eq!(r.status(), 504);
-    assert_eq!(r.headers()["idem-outcome"], "follower");
+    assert_eq!(r.headers()["idem-outcome"], "wait-timeout");
     release(&app.mock, Some(seqs[0])).await;
     assert_eq!(leader.await.unwrap().unwrap().status(), 200);
 
@@ -843,7 +843,11 @@ async fn every_chat_request_is_counted_refusals_included() {
     assert!(r.status().is_server_error(), "{}", r.status());
     assert_eq!(r.headers()["idem-outcome"], "leader");
     let r = post(Some(ACME), json(&down), &[]).await.unwrap();
-    assert_eq!(r.headers()["idem-outcome"], "leader", "a would-be leader");
+    assert_eq!(
+        r.headers()["idem-outcome"],
+        "no-target",
+        "no flight existed"
+    );
     assert_error(r, 503, "no_target_available").await;
 
     let m = app.metrics().await;

@@ -21,5 +21,6 @@ mod ops;
 mod provenance;
 mod redis_cluster;
 mod redis_outage;
+mod rendering;
 mod replicas;
 mod takeover;

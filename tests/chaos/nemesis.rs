@@ -146,13 +146,14 @@ pub async fn repair(cluster: &mut Cluster) {
 
 /// The provider phase's name for each kind of garbage, in the order of
 /// the kinds drawn in [`provider`].
-const GARBAGE_NAMES: [&str; 6] = [
+const GARBAGE_NAMES: [&str; 7] = [
     "garbage: not JSON",
     "garbage: truncated",
     "garbage: empty bodies",
     "garbage: error objects with a 200",
     "garbage: empty choices",
     "garbage: streams without [DONE]",
+    "garbage: errors inside streams",
 ];
 
 /// The provider phases, until `stop`.
@@ -207,6 +208,7 @@ pub async fn provider(
                     Garbage::ErrorObject,
                     Garbage::EmptyChoices,
                     Garbage::StreamWithoutDone,
+                    Garbage::StreamError,
                 ];
                 let kind = kinds[rng.random_range(0..kinds.len())];
                 (
