@@ -21,9 +21,15 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::config::RouteCache;
-use crate::http::error::error_body;
 use crate::providers::CallError;
 use crate::sse::SseError;
+
+/// An OpenAI error object, `{"error": {"message", "type", "code",
+/// "param"}}`: the body of an answer idem writes itself, and of every error
+/// the HTTP layer sends.
+pub fn error_body(message: &str, kind: &str, code: &str, param: Option<&str>) -> Value {
+    serde_json::json!({"error": {"message": message, "type": kind, "code": code, "param": param}})
+}
 
 /// The form of a body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

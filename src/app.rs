@@ -152,10 +152,15 @@ impl App {
         // behind: one tracker, waited for within the grace.
         let tracker = state.background.clone();
 
-        reconciler::on_startup(&state).await;
-        executor::spawn(&state, &stop, &tracker);
-        tracker.spawn(reconciler::run(state.clone(), stop.clone()));
-        tracker.spawn(crate::contracts::registry::run(state.clone(), stop.clone()));
+        let env = state.job_env();
+        reconciler::on_startup(&env).await;
+        executor::spawn(&env, &stop, &tracker);
+        tracker.spawn(reconciler::run(env, stop.clone()));
+        let (app, stop_refresh) = (state.clone(), stop.clone());
+        tracker.spawn(async move {
+            let every = app.config.contracts.refresh_interval;
+            crate::contracts::registry::run(&*app.store, &app.routes, every, stop_refresh).await;
+        });
 
         let addr = listener.local_addr()?;
         tracing::info!(%addr, source = %state.config.source, "idem listening");

@@ -24,6 +24,11 @@
 //! [`app`] (start-up and shutdown), [`cli`], the [`demo`], [`analyze`] (what
 //! a request log says about duplicates, TTL and wait window), and
 //! [`mock_upstream`], the test double for providers.
+//!
+//! Only [`http`] (and the start-up around it) knows HTTP: the modules below
+//! it return errors of their own (`FlightError`, `JobError`, `StoreError`,
+//! ...), which `http::error` turns into OpenAI error objects; a unit test
+//! (`layout`) keeps them free of `crate::http` and axum.
 
 pub mod analyze;
 pub mod answer;
@@ -45,3 +50,66 @@ pub mod routes;
 pub mod sse;
 pub mod store;
 pub mod tenants;
+
+#[cfg(test)]
+mod layout {
+    use std::path::Path;
+
+    /// The modules below the HTTP layer: they know neither `crate::http` nor
+    /// axum, so that every face (HTTP today) is an adapter around them.
+    const CORE: &[&str] = &[
+        "analyze",
+        "answer",
+        "cache",
+        "config",
+        "contracts",
+        "fingerprint",
+        "flight",
+        "jobs",
+        "metrics",
+        "providers",
+        "reqlog",
+        "routes",
+        "sse",
+        "store",
+        "tenants",
+    ];
+
+    fn sources(path: &Path, out: &mut Vec<std::path::PathBuf>) {
+        if path.is_dir() {
+            let mut entries: Vec<_> = std::fs::read_dir(path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            entries.sort();
+            for p in entries {
+                sources(&p, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path.to_path_buf());
+        }
+    }
+
+    #[test]
+    fn the_core_knows_no_http() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut offenders = Vec::new();
+        for module in CORE {
+            let mut files = Vec::new();
+            let dir = src.join(module);
+            sources(&dir, &mut files);
+            sources(&src.join(format!("{module}.rs")), &mut files);
+            assert!(!files.is_empty(), "module {module} has no source");
+            for f in files {
+                let text = std::fs::read_to_string(&f).unwrap_or_default();
+                for (n, line) in text.lines().enumerate() {
+                    if line.contains("crate::http") || line.contains("axum") {
+                        offenders.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+    }
+}

@@ -43,6 +43,10 @@ pub struct Route {
     /// The route's contract: answers are checked against it, and failover
     /// goes only to targets certified for its hash.
     pub contract: Option<Arc<Contract>>,
+    /// What a leader may spend on the shared (Redis) layer before it calls
+    /// the provider: `coalescing.redis_timeout` with a Redis backend, else
+    /// zero. An automatic wait allows for it.
+    pub shared_delay: Duration,
 }
 
 impl Route {
@@ -57,11 +61,15 @@ impl Route {
                     .map(|t| t.provider.timeout)
                     .unwrap_or(Duration::from_secs(30));
                 let floor = Duration::from_millis(300).min(ceiling);
-                match self.latency.p99() {
+                // A leader reaches the provider after its Redis step (up
+                // to the Redis timeout when Redis is slow): its followers
+                // wait for that too, or a slow Redis would time them out.
+                let wait = match self.latency.p99() {
                     // Nothing observed yet: wait as long as a leader may take.
                     None => ceiling,
                     Some(p99) => p99.mul_f64(1.5).clamp(floor, ceiling),
-                }
+                };
+                wait + self.shared_delay
             }
         }
     }
@@ -163,6 +171,10 @@ impl Routes {
                 targets,
                 latency: LatencyTracker::default(),
                 contract,
+                shared_delay: match config.coalescing.backend.as_str() {
+                    "memory" => Duration::ZERO,
+                    _ => config.coalescing.redis_timeout,
+                },
             });
             routes.by_model.insert(rc.model.clone(), route.clone());
             routes.order.push(route);

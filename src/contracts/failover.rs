@@ -19,9 +19,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
-
-use crate::http::error::ApiError;
 use crate::metrics::Metrics;
 use crate::providers::breaker::Admit;
 use crate::routes::{Route, Target};
@@ -87,17 +84,6 @@ impl NoTarget {
                 Skip::Uncertified { .. } => None,
             })
             .min()
-    }
-
-    /// 503 `no_target_available`; the message names targets and reasons
-    /// (no addresses, no internals).
-    pub fn into_api_error(self) -> ApiError {
-        ApiError::Upstream {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: self.to_string(),
-            code: "no_target_available",
-            retry_after: self.retry_after(),
-        }
     }
 }
 

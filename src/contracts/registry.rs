@@ -11,6 +11,7 @@
 use serde::Serialize;
 use serde_json::Value;
 use std::sync::RwLock;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::routes::Routes;
@@ -103,16 +104,16 @@ pub async fn refresh(store: &dyn Store, routes: &Routes) -> Result<(), StoreErro
     Ok(())
 }
 
-/// Refreshes every `contracts.refresh_interval` until `stop`.
-pub async fn run(app: crate::http::AppState, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(app.config.contracts.refresh_interval);
+/// Refreshes every `every` (`contracts.refresh_interval`) until `stop`.
+pub async fn run(store: &dyn Store, routes: &Routes, every: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if let Err(e) = refresh(&*app.store, &app.routes).await {
+        if let Err(e) = refresh(store, routes).await {
             tracing::warn!(error = %e, "cannot refresh certifications; keeping the last known");
         }
     }

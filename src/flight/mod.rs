@@ -28,13 +28,28 @@ use crate::cache::{Lookup, ResultCache};
 use crate::config::OnWaitTimeout;
 use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
-use crate::http::error::ApiError;
 use crate::metrics::{Metrics, Outcome};
 use crate::routes::{Route, Target};
 
 pub use table::{Flight, FlightKey, FlightTable, Head, Joined, LeaderTicket, Origin};
 
 use self::redis::RedisFlights;
+
+/// Why coalescing gave a request no answer at all (an answer that is an
+/// error is a [`Delivery`] like any other). The HTTP layer turns these into
+/// error bodies, in one place.
+#[derive(Debug, thiserror::Error)]
+pub enum FlightError {
+    /// A follower's wait for its leader ran out.
+    #[error("waited {waited:?} for an identical request in flight")]
+    WaitTimeout { waited: Duration, retry_after: u64 },
+    /// No target of the route may take the work now.
+    #[error("{0}")]
+    NoTarget(failover::NoTarget),
+    /// A parked request's body no longer parses (a bug).
+    #[error("a parked request's body no longer parses")]
+    BodyLost,
+}
 
 /// Where a request's answer comes from.
 #[derive(Debug, Clone)]
@@ -150,7 +165,7 @@ impl RequestBody {
     }
 
     /// The parsed body (parsed again if a follower let it go).
-    pub fn get(&self) -> Result<Arc<Map<String, Value>>, ApiError> {
+    pub fn get(&self) -> Result<Arc<Map<String, Value>>, FlightError> {
         let mut parsed = self.parsed.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(map) = &*parsed {
             return Ok(map.clone());
@@ -162,9 +177,7 @@ impl RequestBody {
             .as_deref()
             .and_then(|raw| serde_json::from_slice::<Map<String, Value>>(raw).ok())
             .map(Arc::new)
-            .ok_or_else(|| {
-                ApiError::Internal(anyhow::anyhow!("a parked request's body no longer parses"))
-            })?;
+            .ok_or(FlightError::BodyLost)?;
         *parsed = Some(map.clone());
         Ok(map)
     }
@@ -210,7 +223,7 @@ impl Coalescer {
 
     /// Obtains the answer for `ask`: from the cache, a flight in progress,
     /// or a new upstream call, trying the route's targets in order.
-    pub async fn obtain(&self, ask: &Ask<'_>) -> Result<Delivery, ApiError> {
+    pub async fn obtain(&self, ask: &Ask<'_>) -> Result<Delivery, FlightError> {
         if ask.read_cache
             && ask.only_target.is_none()
             && let Lookup::Fresh { answer, age, .. } = self.cache.get(&ask.fp)
@@ -281,12 +294,12 @@ impl Coalescer {
         }
         match last {
             Some(d) => Ok(d),
-            None => Err(failover::NoTarget(skipped).into_api_error()),
+            None => Err(FlightError::NoTarget(failover::NoTarget(skipped))),
         }
     }
 
     /// One target: its negative cache, then its flight.
-    async fn via_target(&self, ask: &Ask<'_>, target: &Target) -> Result<Delivery, ApiError> {
+    async fn via_target(&self, ask: &Ask<'_>, target: &Target) -> Result<Delivery, FlightError> {
         if ask.read_negative
             && let Some((answer, age)) = self.cache.negative(&ask.fp, target.index)
         {
@@ -385,7 +398,7 @@ impl Coalescer {
                 OnWaitTimeout::Fail => {}
             }
             self.metrics.wait_timeout(ask.tenant, &ask.route.name);
-            return Err(ApiError::WaitTimeout {
+            return Err(FlightError::WaitTimeout {
                 waited: max_wait,
                 retry_after: retry_after_with_jitter(max_wait),
             });
@@ -539,6 +552,26 @@ mod tests {
             route.latency.record(Duration::from_secs(60));
         }
         assert_eq!(route.max_wait(), Duration::from_secs(10));
+    }
+
+    /// With a Redis backend, a leader may spend up to the Redis timeout
+    /// before it calls the provider: an automatic wait adds it (a wave
+    /// while Redis hangs timed its followers out otherwise).
+    #[test]
+    fn an_automatic_wait_allows_for_the_redis_timeout() {
+        let toml = "[coalescing]\nbackend = \"redis://127.0.0.1:6379\"\nredis_timeout = \"250ms\"\n\
+                    [[providers]]\nname = \"p\"\nkind = \"mock\"\n\n[[routes]]\nmodel = \"bot\"\n\
+                    targets = [{ provider = \"p\", model = \"m\" }]\n";
+        let config = Config::from_toml_str(toml, ConfigSource::Embedded, false).unwrap();
+        let metrics = Arc::new(Metrics::new(&config));
+        let providers = Providers::from_config(&config).unwrap();
+        let routes = Routes::from_config(&config, &providers, &metrics).unwrap();
+        let route = routes.get("bot").unwrap();
+        route.latency.record(Duration::from_millis(10));
+        assert_eq!(route.max_wait(), Duration::from_millis(550));
+        // A fixed wait is the operator's and stays as written.
+        let (_, fixed) = setup_with("", "max_wait = \"2s\"");
+        assert_eq!(fixed.max_wait(), Duration::from_secs(2));
     }
 
     #[test]

@@ -9,9 +9,13 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
+use crate::contracts::failover::NoTarget;
+use crate::flight::FlightError;
+use crate::jobs::JobError;
 use crate::metrics::Refusal;
+
+pub use crate::answer::error_body;
 
 /// Every error a client can receive from idem.
 #[derive(Debug, thiserror::Error)]
@@ -193,9 +197,33 @@ impl ApiError {
     }
 }
 
-/// Renders an OpenAI error object.
-pub fn error_body(message: &str, kind: &str, code: &str, param: Option<&str>) -> serde_json::Value {
-    json!({"error": {"message": message, "type": kind, "code": code, "param": param}})
+impl From<NoTarget> for ApiError {
+    /// 503 `no_target_available`; the message names targets and reasons
+    /// (no addresses, no internals).
+    fn from(n: NoTarget) -> ApiError {
+        ApiError::Upstream {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: n.to_string(),
+            code: "no_target_available",
+            retry_after: n.retry_after(),
+        }
+    }
+}
+
+impl From<FlightError> for ApiError {
+    fn from(e: FlightError) -> ApiError {
+        match e {
+            FlightError::WaitTimeout {
+                waited,
+                retry_after,
+            } => ApiError::WaitTimeout {
+                waited,
+                retry_after,
+            },
+            FlightError::NoTarget(n) => n.into(),
+            FlightError::BodyLost => ApiError::Internal(anyhow::Error::new(e)),
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -207,6 +235,23 @@ impl IntoResponse for ApiError {
         let (kind, code) = self.kind();
         let body = error_body(&self.to_string(), kind, code, self.param());
         (status, self.headers(), axum::Json(body)).into_response()
+    }
+}
+
+impl From<JobError> for ApiError {
+    fn from(e: JobError) -> ApiError {
+        match e {
+            JobError::KeyReused => ApiError::Conflict {
+                message: e.to_string(),
+                code: "idempotency_key_reused",
+            },
+            JobError::NotFound => ApiError::NotFound("job"),
+            JobError::InProgress { job_id } => ApiError::JobInProgress {
+                job_id,
+                created: false,
+            },
+            JobError::Store(e) => e.into(),
+        }
     }
 }
 
@@ -243,7 +288,7 @@ mod tests {
 
     #[test]
     fn each_error_is_counted_under_its_refusal() {
-        let no_target = crate::contracts::failover::NoTarget(Vec::new()).into_api_error();
+        let no_target = ApiError::from(NoTarget(Vec::new()));
         assert_eq!(no_target.refusal(), Refusal::NoTarget);
         let upstream = ApiError::Upstream {
             status: StatusCode::BAD_GATEWAY,

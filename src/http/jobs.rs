@@ -2,25 +2,57 @@
 //! list, retry, resolve (admin) and cancel. Every lookup is scoped to the
 //! caller's tenant: another tenant's job is 404, never 403.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::openai::{content_length, fingerprint_of};
-use super::validate;
+use super::openai::{content_length, decorate, fingerprint_of, render};
+use super::validate::{self, ChatRequest};
 use super::{ApiPath, ApiQuery};
 use super::{AppState, Caller};
-use crate::jobs::{IDEM_JOB_ID, IDEMPOTENT_REPLAYED, idempotency_key, job_json};
+use crate::fingerprint::Fingerprint;
+use crate::jobs::{JobError, job_answer, job_json};
 use crate::metrics::Outcome;
 use crate::reqlog::Entry;
+use crate::routes::Route;
 use crate::store::{AttemptState, Completion, Cursor, JobRecord, JobState, now_ms};
+
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const IDEM_JOB_ID: HeaderName = HeaderName::from_static("idem-job-id");
+pub const IDEM_ATTEMPT: HeaderName = HeaderName::from_static("idem-attempt");
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The `Idempotency-Key` header, if present: 1..255 printable ASCII.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let bytes = v.as_bytes();
+    if bytes.is_empty() || bytes.len() > 255 {
+        return Err(ApiError::bad_request(
+            "Idempotency-Key must be 1 to 255 characters",
+            "idempotency_key_invalid",
+            Some("Idempotency-Key"),
+        ));
+    }
+    if !bytes.iter().all(|b| (0x20..=0x7e).contains(b)) {
+        return Err(ApiError::bad_request(
+            "Idempotency-Key must be printable ASCII",
+            "idempotency_key_invalid",
+            Some("Idempotency-Key"),
+        ));
+    }
+    // Checked: printable ASCII is valid UTF-8.
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+}
 
 /// Job ids are UUIDs; anything else cannot name a job.
 pub(super) fn check_id(id: &str) -> Result<(), ApiError> {
@@ -73,7 +105,7 @@ pub async fn create(
     let fp = fingerprint_of(&tenant, &route, &req, &headers);
     let created = app
         .jobs
-        .create(&tenant, &route, &req, &fp, metadata.as_ref(), &key)
+        .create(&tenant, &route, &req.body, &fp, metadata.as_ref(), &key)
         .await?;
     let status = if created.new {
         StatusCode::CREATED
@@ -105,6 +137,93 @@ pub async fn create(
     app.reqlog.write(
         &Entry::new(&tenant, &route.name, &fp, outcome, status.as_u16(), started)
             .job(&created.job.id, created.job.completed_by)
+            .body(&req.body),
+    );
+    Ok(resp)
+}
+
+/// `POST /v1/chat/completions` with an `Idempotency-Key`: the request
+/// becomes (or finds) a job and waits for it within the request timeout.
+pub async fn chat(
+    app: &AppState,
+    tenant: &Arc<str>,
+    route: &Arc<Route>,
+    req: ChatRequest,
+    fp: Fingerprint,
+    key: String,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    let created = app
+        .jobs
+        .create(tenant, route, &req.body, &fp, None, &key)
+        .await?;
+    let replayed = !created.new && created.job.state == JobState::Succeeded;
+    let new = created.new;
+    let job = if created.job.state == JobState::Succeeded {
+        created.job
+    } else {
+        let deadline = started + app.config.server.request_timeout;
+        app.jobs
+            .wait(tenant, &created.job.id, deadline)
+            .await
+            .map_err(|e| match e {
+                JobError::InProgress { job_id } => ApiError::JobInProgress {
+                    job_id,
+                    created: new,
+                },
+                e => e.into(),
+            })?
+    };
+    // The request that created the job leads it; a retry with the same
+    // key that waited on it follows; one that found it done replays.
+    let outcome = if replayed {
+        Outcome::Replay
+    } else if new {
+        Outcome::Leader
+    } else {
+        Outcome::Follower
+    };
+    let answer = job_answer(&job, route);
+    let mut resp = match job.state {
+        JobState::Succeeded => render(&answer, req.stream, req.include_usage),
+        JobState::Cancelled => ApiError::Conflict {
+            message: "the job for this Idempotency-Key was cancelled".into(),
+            code: "job_cancelled",
+        }
+        .into_response(),
+        _ => ApiError::Upstream {
+            status: axum::http::StatusCode::BAD_GATEWAY,
+            message: format!(
+                "the job for this Idempotency-Key failed: {}",
+                job.error.as_deref().unwrap_or("unknown reason")
+            ),
+            code: "job_failed",
+            retry_after: None,
+        }
+        .into_response(),
+    };
+    // The request that created the job is counted by the job's first
+    // attempt, with how that attempt got its answer: one job, one
+    // incoming request. A retry with the key is a request of its own.
+    if !new {
+        app.metrics.request(tenant, &route.name, outcome);
+    }
+    let h = resp.headers_mut();
+    decorate(h, outcome, &fp, Some(&answer));
+    if let Ok(v) = HeaderValue::from_str(&job.id) {
+        h.insert(IDEM_JOB_ID, v);
+    }
+    if let Some(n) = job.completed_by {
+        h.insert(IDEM_ATTEMPT, HeaderValue::from(n));
+    }
+    if replayed {
+        h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    let status = resp.status().as_u16();
+    app.reqlog.write(
+        &Entry::new(tenant, &route.name, &fp, outcome.as_str(), status, started)
+            .job(&job.id, job.completed_by)
+            .answer(Some(&answer))
             .body(&req.body),
     );
     Ok(resp)
@@ -370,4 +489,36 @@ pub async fn cancel(
     }
     app.jobs.changed(&id);
     Ok(Json(with_attempts(&app, &job).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_keys_are_checked() {
+        let mut h = HeaderMap::new();
+        assert_eq!(idempotency_key(&h).unwrap(), None);
+        h.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("order-45"));
+        assert_eq!(idempotency_key(&h).unwrap().as_deref(), Some("order-45"));
+        h.insert(
+            IDEMPOTENCY_KEY,
+            HeaderValue::from_str(&"k".repeat(255)).unwrap(),
+        );
+        assert!(idempotency_key(&h).is_ok());
+        h.insert(
+            IDEMPOTENCY_KEY,
+            HeaderValue::from_str(&"k".repeat(256)).unwrap(),
+        );
+        assert!(idempotency_key(&h).is_err());
+        h.insert(
+            IDEMPOTENCY_KEY,
+            HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
+        );
+        assert!(idempotency_key(&h).is_err());
+        h.insert(IDEMPOTENCY_KEY, HeaderValue::from_bytes(b"a\tb").unwrap());
+        assert!(idempotency_key(&h).is_err());
+        h.insert(IDEMPOTENCY_KEY, HeaderValue::from_static(""));
+        assert!(idempotency_key(&h).is_err());
+    }
 }

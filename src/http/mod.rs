@@ -54,8 +54,40 @@ pub struct Shared {
     pub background: TaskTracker,
 }
 
+/// The job workers see the gateway through its handles only.
+impl crate::jobs::JobEnv for Shared {
+    fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+    fn jobs(&self) -> &Arc<Jobs> {
+        &self.jobs
+    }
+    fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+    fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+    fn routes(&self) -> &Routes {
+        &self.routes
+    }
+    fn coalescer(&self) -> &Coalescer {
+        &self.coalescer
+    }
+    fn reqlog(&self) -> &RequestLog {
+        &self.reqlog
+    }
+}
+
 #[derive(Clone)]
 pub struct AppState(pub Arc<Shared>);
+
+impl AppState {
+    /// The handle the job workers and the reconciler take.
+    pub fn job_env(&self) -> crate::jobs::Env {
+        self.0.clone()
+    }
+}
 
 impl Deref for AppState {
     type Target = Shared;

@@ -154,12 +154,14 @@ async fn admit(
         return Err(refused(&app, Some(&tenant), None, e));
     };
     let fp = fingerprint_of(&tenant, &route, &req, &headers);
-    let key = crate::jobs::idempotency_key(&headers)
+    let key = super::jobs::idempotency_key(&headers)
         .map_err(|e| refused(&app, Some(&tenant), Some(&route.name), e))?;
     if let Some(key) = key {
         // Boxed: the job path's state would otherwise enlarge every chat
         // request's future, coalesced followers' included.
-        let job = Box::pin(app.jobs.chat(&app, &tenant, &route, req, fp, key, started));
+        let job = Box::pin(super::jobs::chat(
+            &app, &tenant, &route, req, fp, key, started,
+        ));
         return match job.await {
             Ok(resp) => Ok(Admitted::Answered(resp)),
             Err(e) => Err(refused(&app, Some(&tenant), Some(&route.name), e)),
@@ -202,7 +204,7 @@ async fn obtain(a: &Admission) -> Result<Delivery, ApiError> {
         max_wait: None,
         call_timeout: None,
     };
-    a.app.coalescer.obtain(&ask).await
+    Ok(a.app.coalescer.obtain(&ask).await?)
 }
 
 /// Cache, flight, provider (through the coalescer), then [`reply`]: again

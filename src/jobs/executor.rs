@@ -41,9 +41,8 @@ use crate::answer::{Answer, Verdict};
 use crate::config::RouteAttempts;
 use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
-use crate::flight::{Ask, RequestBody, Source};
-use crate::http::AppState;
-use crate::http::error::ApiError;
+use crate::flight::{Ask, FlightError, RequestBody, Source};
+use crate::jobs::Env;
 use crate::routes::Route;
 use crate::store::{AttemptRecord, AttemptState, Completion, JobRecord, StartAttempt, now_ms};
 
@@ -74,21 +73,21 @@ fn ms(d: Duration) -> i64 {
 }
 
 /// Starts this replica's workers.
-pub fn spawn(app: &AppState, shutdown: &CancellationToken, tracker: &TaskTracker) {
-    for _ in 0..app.config.jobs.workers {
+pub fn spawn(app: &Env, shutdown: &CancellationToken, tracker: &TaskTracker) {
+    for _ in 0..app.config().jobs.workers {
         tracker.spawn(worker(app.clone(), shutdown.clone()));
     }
 }
 
-async fn worker(app: AppState, shutdown: CancellationToken) {
-    let cfg = &app.config.jobs;
+async fn worker(app: Env, shutdown: CancellationToken) {
+    let cfg = &app.config().jobs;
     loop {
         while !shutdown.is_cancelled() {
             let now = now_ms();
             let claimed = app
-                .jobs
+                .jobs()
                 .store
-                .claim_jobs(&app.jobs.worker_id, now, now + ms(cfg.claim_lease), 1)
+                .claim_jobs(&app.jobs().worker_id, now, now + ms(cfg.claim_lease), 1)
                 .await;
             match claimed {
                 Ok(jobs) => match jobs.into_iter().next() {
@@ -103,7 +102,7 @@ async fn worker(app: AppState, shutdown: CancellationToken) {
         }
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = app.jobs.woken() => {}
+            () = app.jobs().woken() => {}
             () = tokio::time::sleep(cfg.poll_interval) => {}
         }
     }
@@ -112,7 +111,7 @@ async fn worker(app: AppState, shutdown: CancellationToken) {
 /// The targets automatic attempts may use, in order, health aside. The
 /// primary is the operator's choice; on a route with a contract the others
 /// must be certified for its current hash (see [`failover`]).
-pub fn allowed_targets(_app: &AppState, route: &Route) -> Vec<usize> {
+pub fn allowed_targets(_app: &Env, route: &Route) -> Vec<usize> {
     failover::failover_set(route)
 }
 
@@ -130,16 +129,16 @@ pub fn budgeted(attempts: &[AttemptRecord]) -> usize {
 }
 
 /// Runs one claimed job until it is completed, held, or out of attempts.
-async fn run_job(app: &AppState, job: JobRecord) {
-    let store = &app.jobs.store;
+async fn run_job(app: &Env, job: JobRecord) {
+    let store = &app.jobs().store;
     let job_id = job.id.as_str();
     let fail = |reason: String| async move {
-        if let Err(e) = app.jobs.store.fail_job(job_id, &reason, now_ms()).await {
+        if let Err(e) = app.jobs().store.fail_job(job_id, &reason, now_ms()).await {
             tracing::error!(job = %job_id, error = %e, "cannot fail job");
         }
-        app.jobs.changed(job_id);
+        app.jobs().changed(job_id);
     };
-    let Some(route) = app.routes.get(&job.route).cloned() else {
+    let Some(route) = app.routes().get(&job.route).cloned() else {
         fail(format!("route {} is no longer configured", job.route)).await;
         return;
     };
@@ -155,8 +154,8 @@ async fn run_job(app: &AppState, job: JobRecord) {
     // Keep the claim while this worker runs the job.
     let _claim = {
         let store = store.clone();
-        let (id, worker) = (job.id.clone(), app.jobs.worker_id.clone());
-        let lease = app.config.jobs.claim_lease;
+        let (id, worker) = (job.id.clone(), app.jobs().worker_id.clone());
+        let lease = app.config().jobs.claim_lease;
         AbortOnDrop(tokio::spawn(async move {
             // The first renewal is due a third of a lease after the claim,
             // not at once (a wasted write per job).
@@ -205,7 +204,7 @@ async fn run_job(app: &AppState, job: JobRecord) {
         if let Some(pause) = pause.take() {
             tokio::time::sleep(pause).await;
         }
-        let round = match failover::attempt_target(&app.metrics, &route, used) {
+        let round = match failover::attempt_target(app.metrics(), &route, used) {
             Ok(target) => {
                 // Attempt `used` would have gone to target `used` mod n:
                 // anything skipped on the way was a refused failover.
@@ -240,7 +239,7 @@ async fn run_job(app: &AppState, job: JobRecord) {
         };
         match round {
             Round::Completed | Round::Held | Round::Closed => {
-                app.jobs.changed(&job.id);
+                app.jobs().changed(&job.id);
                 return;
             }
             Round::Failed(reason) => last = reason,
@@ -285,7 +284,7 @@ enum Round {
 
 /// What a round of attempts works on.
 struct RoundCtx<'a> {
-    app: &'a AppState,
+    app: &'a Env,
     job: &'a JobRecord,
     route: &'a Arc<Route>,
     request: &'a Arc<Map<String, Value>>,
@@ -316,7 +315,7 @@ impl RoundCtx<'_> {
         }
         // Chosen only now, so a refused hedge is counted when it would have
         // gone, and a half-open circuit's probe is taken only if used.
-        let hedge_target = match failover::hedge_target(&app.metrics, route, target) {
+        let hedge_target = match failover::hedge_target(app.metrics(), route, target) {
             Ok(t) => t,
             Err(none) => {
                 tracing::info!(job = %job.id, route = %route.name, reason = %none, "first attempt still in flight: no target to hedge to");
@@ -356,16 +355,16 @@ impl RoundCtx<'_> {
             return Err(Round::Failed("no such target".into()));
         };
         let now = now_ms();
-        let lease = app.config.jobs.attempt_lease;
+        let lease = app.config().jobs.attempt_lease;
         let started = app
-            .jobs
+            .jobs()
             .store
             .start_attempt(
                 &job.id,
                 &t.provider.name,
                 &t.model,
                 hedge,
-                &app.jobs.worker_id,
+                &app.jobs().worker_id,
                 now,
                 now + ms(lease),
             )
@@ -431,7 +430,7 @@ fn round_of(ends: &[Option<AttemptEnd>]) -> Round {
 }
 
 struct AttemptCtx {
-    app: AppState,
+    app: Env,
     tenant: Arc<str>,
     route: Arc<Route>,
     request: Arc<Map<String, Value>>,
@@ -470,7 +469,7 @@ impl AttemptCtx {
             call_timeout: Some(late.max(target.provider.timeout)),
         };
         let work = async {
-            let mut delivery = app.coalescer.obtain(&ask).await?;
+            let mut delivery = app.coalescer().obtain(&ask).await?;
             // `running`: the provider answered with headers and the body is
             // still coming. An answer that arrives whole goes straight from
             // `starting` to its end, one write fewer.
@@ -478,7 +477,7 @@ impl AttemptCtx {
                 && flight.head(None).await.is_some()
                 && !flight.is_done()
             {
-                let _ = app.jobs.store.attempt_running(&a.job_id, a.n).await;
+                let _ = app.jobs().store.attempt_running(&a.job_id, a.n).await;
             }
             let mut answer = delivery.answer().await;
             // The attempt row names its target: an answer another target
@@ -492,7 +491,7 @@ impl AttemptCtx {
                     read_cache: false,
                     ..ask
                 };
-                delivery = app.coalescer.obtain(&fresh).await?;
+                delivery = app.coalescer().obtain(&fresh).await?;
                 answer = delivery.answer().await;
             }
             // A job is one incoming request, however it was created: its
@@ -500,10 +499,10 @@ impl AttemptCtx {
             // (its own call, another's flight, the cache). Retries and
             // hedges are more calls for the same request.
             if a.n == 1 && !a.hedge {
-                app.metrics
+                app.metrics()
                     .request(&self.tenant, &self.route.name, delivery.outcome);
             }
-            Ok::<_, ApiError>(answer)
+            Ok::<_, FlightError>(answer)
         };
         tokio::pin!(work);
         let outcome = tokio::select! {
@@ -514,7 +513,7 @@ impl AttemptCtx {
                 // it is no longer this worker's to finish, and whatever its
                 // call brings completes nothing.
                 tracing::warn!(job = %a.job_id, attempt = a.n, "attempt lease renewal refused: attempt stopped");
-                app.metrics.attempt(&target.provider.name, "lease_lost");
+                app.metrics().attempt(&target.provider.name, "lease_lost");
                 let _ = tx.send(AttemptEnd::Unknown("lease_lost".into()));
                 return;
             }
@@ -524,7 +523,7 @@ impl AttemptCtx {
                 let end = self.settle(&answer).await;
                 let _ = tx.send(end);
             }
-            Ok(Err(ApiError::WaitTimeout { .. })) => {
+            Ok(Err(FlightError::WaitTimeout { .. })) => {
                 let end = self.settle_unknown("timeout").await;
                 let _ = tx.send(end);
             }
@@ -554,15 +553,15 @@ impl AttemptCtx {
     /// lease covers a few of them.
     async fn lease_lost(&self) {
         let (app, a) = (&self.app, &self.attempt);
-        let lease = app.config.jobs.attempt_lease;
+        let lease = app.config().jobs.attempt_lease;
         let every = lease / 3;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             tick.tick().await;
             let renewed = app
-                .jobs
+                .jobs()
                 .store
-                .renew_attempt(&a.job_id, a.n, &app.jobs.worker_id, now_ms() + ms(lease))
+                .renew_attempt(&a.job_id, a.n, &app.jobs().worker_id, now_ms() + ms(lease))
                 .await;
             match renewed {
                 Ok(true) => {}
@@ -591,20 +590,20 @@ impl AttemptCtx {
         };
         let result = String::from_utf8_lossy(&plain).into_owned();
         match app
-            .jobs
+            .jobs()
             .store
             .complete(&a.job_id, a.n, a.read_version, &result, now_ms())
             .await
         {
             Ok(Completion::Won(_)) => {
-                app.metrics.attempt(&answer.provider, "succeeded");
+                app.metrics().attempt(&answer.provider, "succeeded");
                 tracing::info!(job = %a.job_id, attempt = a.n, "attempt completed the job");
-                app.jobs.changed(&a.job_id);
+                app.jobs().changed(&a.job_id);
                 AttemptEnd::Won
             }
             Ok(Completion::Lost) => {
-                app.metrics.attempt(&answer.provider, "discarded");
-                app.metrics.attempt_race(&self.route.name);
+                app.metrics().attempt(&answer.provider, "discarded");
+                app.metrics().attempt_race(&self.route.name);
                 tracing::warn!(
                     job = %a.job_id,
                     attempt = a.n,
@@ -632,10 +631,10 @@ impl AttemptCtx {
 
     async fn finish(&self, to: AttemptState, reason: &str) {
         let (app, a) = (&self.app, &self.attempt);
-        app.metrics
+        app.metrics()
             .attempt(&self.route.targets[self.target].provider.name, to.as_str());
         if let Err(e) = app
-            .jobs
+            .jobs()
             .store
             .finish_attempt(&a.job_id, a.n, to, Some(reason), now_ms())
             .await
@@ -654,7 +653,7 @@ impl AttemptCtx {
             Verdict::Failed(reason) => {
                 let late = format!("late_{reason}");
                 let finished = app
-                    .jobs
+                    .jobs()
                     .store
                     .finish_attempt(&a.job_id, a.n, AttemptState::Failed, Some(&late), now_ms())
                     .await;
@@ -662,11 +661,11 @@ impl AttemptCtx {
                 if !matches!(finished, Ok(true)) {
                     return;
                 }
-                app.metrics
+                app.metrics()
                     .attempt(&self.route.targets[self.target].provider.name, "failed");
                 let why = format!("attempt {} failed after its timeout: {reason}", a.n);
                 self.after_late_failure(&why).await;
-                app.jobs.changed(&a.job_id);
+                app.jobs().changed(&a.job_id);
             }
             Verdict::Unknown(_) => {}
         }
@@ -677,7 +676,7 @@ impl AttemptCtx {
     /// attempt, else failed.
     async fn after_late_failure(&self, why: &str) {
         let (app, a) = (&self.app, &self.attempt);
-        let store = &app.jobs.store;
+        let store = &app.jobs().store;
         let policy = &self.route.config.attempts;
         let (job, made) = match (
             store.job(None, &a.job_id).await,
@@ -699,7 +698,7 @@ impl AttemptCtx {
             match store.requeue(&a.job_id, None, not_before, false, now).await {
                 Ok(true) => {
                     tracing::info!(job = %a.job_id, attempt = a.n, "late failure: the job goes back to the queue");
-                    app.jobs.wake();
+                    app.jobs().wake();
                 }
                 Ok(false) => {}
                 Err(e) => tracing::error!(job = %a.job_id, error = %e, "cannot requeue the job"),

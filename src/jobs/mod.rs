@@ -5,8 +5,9 @@
 //! and every other request with that key gets the same job back (or 409 if
 //! its payload differs). Retries, failovers and hedges are attempts under the
 //! job, run by the [`executor`]; the [`reconciler`] turns attempts whose
-//! replica died into `unknown`. This file is the part the HTTP handlers call:
-//! create, wait, and render.
+//! replica died into `unknown`. This file is the part the request path
+//! calls: create and wait. Nothing here knows HTTP: the faces render a job
+//! and map [`JobError`] to their wire format.
 
 pub mod executor;
 pub mod reconciler;
@@ -14,51 +15,49 @@ pub mod reconciler;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use axum::response::{IntoResponse, Response};
 use dashmap::DashMap;
 use serde_json::{Map, Value, json};
 use tokio::sync::{Notify, watch};
 
 use crate::answer::{Answer, Form};
+use crate::config::Config;
 use crate::fingerprint::{self, Fingerprint, Rules};
-use crate::http::AppState;
-use crate::http::error::ApiError;
-use crate::http::openai::{decorate, render};
-use crate::http::validate::ChatRequest;
-use crate::metrics::Outcome;
-use crate::reqlog::Entry;
-use crate::routes::Route;
-use crate::store::{AttemptRecord, Created, JobRecord, JobState, NewJob, Store, now_ms};
+use crate::flight::Coalescer;
+use crate::metrics::Metrics;
+use crate::routes::{Route, Routes};
+use crate::store::{
+    AttemptRecord, Created, JobRecord, JobState, NewJob, Store, StoreError, now_ms,
+};
 
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-pub const IDEM_JOB_ID: HeaderName = HeaderName::from_static("idem-job-id");
-pub const IDEM_ATTEMPT: HeaderName = HeaderName::from_static("idem-attempt");
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// The `Idempotency-Key` header, if present: 1..255 printable ASCII.
-pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get(IDEMPOTENCY_KEY) else {
-        return Ok(None);
-    };
-    let bytes = v.as_bytes();
-    if bytes.is_empty() || bytes.len() > 255 {
-        return Err(ApiError::bad_request(
-            "Idempotency-Key must be 1 to 255 characters",
-            "idempotency_key_invalid",
-            Some("Idempotency-Key"),
-        ));
-    }
-    if !bytes.iter().all(|b| (0x20..=0x7e).contains(b)) {
-        return Err(ApiError::bad_request(
-            "Idempotency-Key must be printable ASCII",
-            "idempotency_key_invalid",
-            Some("Idempotency-Key"),
-        ));
-    }
-    // Checked: printable ASCII is valid UTF-8.
-    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+/// Why the job subsystem could not do what was asked. The HTTP layer
+/// turns these into error bodies, in one place.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("this Idempotency-Key was already used with a different request")]
+    KeyReused,
+    #[error("job not found")]
+    NotFound,
+    /// The job was not done by the caller's deadline.
+    #[error("the job is still in progress")]
+    InProgress { job_id: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
+
+/// What the executor and the reconciler use of the gateway: its handles,
+/// not its HTTP layer (which implements this for its shared state).
+pub trait JobEnv: Send + Sync + 'static {
+    fn config(&self) -> &Arc<Config>;
+    fn jobs(&self) -> &Arc<Jobs>;
+    fn store(&self) -> &Arc<dyn Store>;
+    fn metrics(&self) -> &Arc<Metrics>;
+    fn routes(&self) -> &Routes;
+    fn coalescer(&self) -> &Coalescer;
+    fn reqlog(&self) -> &crate::reqlog::RequestLog;
+}
+
+/// A shared handle on the gateway for the job workers.
+pub type Env = Arc<dyn JobEnv>;
 
 /// The payload hash: the fingerprint rules without text normalization
 /// (SPEC section 5), plus the job's metadata. Two requests are the same
@@ -120,12 +119,12 @@ impl Jobs {
         &self,
         tenant: &str,
         route: &Route,
-        request: &ChatRequest,
+        request: &Map<String, Value>,
         fp: &Fingerprint,
         metadata: Option<&Value>,
         key: &str,
-    ) -> Result<CreatedJob, ApiError> {
-        let hash = payload_hash(tenant, route, &request.body, metadata);
+    ) -> Result<CreatedJob, JobError> {
+        let hash = payload_hash(tenant, route, request, metadata);
         let new = NewJob {
             id: uuid::Uuid::now_v7().to_string(),
             tenant: tenant.to_string(),
@@ -133,7 +132,7 @@ impl Jobs {
             payload_hash: hash.clone(),
             fingerprint: fp.to_string(),
             route: route.name.to_string(),
-            request: serde_json::to_string(&*request.body).unwrap_or_default(),
+            request: serde_json::to_string(request).unwrap_or_default(),
             metadata: metadata.map(Value::to_string),
             created_at: now_ms(),
         };
@@ -145,10 +144,7 @@ impl Jobs {
             Created::Existing(job) if job.payload_hash == hash => {
                 Ok(CreatedJob { job, new: false })
             }
-            Created::Existing(_) => Err(ApiError::Conflict {
-                message: "this Idempotency-Key was already used with a different request".into(),
-                code: "idempotency_key_reused",
-            }),
+            Created::Existing(_) => Err(JobError::KeyReused),
         }
     }
 
@@ -176,7 +172,7 @@ impl Jobs {
         tenant: &str,
         id: &str,
         deadline: Instant,
-    ) -> Result<JobRecord, ApiError> {
+    ) -> Result<JobRecord, JobError> {
         let mut rx = self
             .changed
             .entry(id.to_string())
@@ -187,7 +183,7 @@ impl Jobs {
                 .store
                 .job(Some(tenant), id)
                 .await?
-                .ok_or(ApiError::NotFound("job"))?;
+                .ok_or(JobError::NotFound)?;
             if matches!(
                 job.state,
                 JobState::Succeeded | JobState::Failed | JobState::Cancelled
@@ -196,9 +192,8 @@ impl Jobs {
             }
             let now = Instant::now();
             if now >= deadline {
-                break Err(ApiError::JobInProgress {
+                break Err(JobError::InProgress {
                     job_id: id.to_string(),
-                    created: false,
                 });
             }
             let nap = (deadline - now).min(Duration::from_millis(250));
@@ -208,97 +203,12 @@ impl Jobs {
         self.changed.remove_if(id, |_, tx| tx.receiver_count() == 0);
         result
     }
-
-    /// `POST /v1/chat/completions` with an `Idempotency-Key`: the request
-    /// becomes (or finds) a job and waits for it within the request timeout.
-    #[expect(clippy::too_many_arguments, reason = "the request path's context")]
-    pub async fn chat(
-        &self,
-        app: &AppState,
-        tenant: &Arc<str>,
-        route: &Arc<Route>,
-        req: ChatRequest,
-        fp: Fingerprint,
-        key: String,
-        started: Instant,
-    ) -> Result<Response, ApiError> {
-        let created = self.create(tenant, route, &req, &fp, None, &key).await?;
-        let replayed = !created.new && created.job.state == JobState::Succeeded;
-        let new = created.new;
-        let job = if created.job.state == JobState::Succeeded {
-            created.job
-        } else {
-            let deadline = started + app.config.server.request_timeout;
-            self.wait(tenant, &created.job.id, deadline)
-                .await
-                .map_err(|e| match e {
-                    ApiError::JobInProgress { job_id, .. } => ApiError::JobInProgress {
-                        job_id,
-                        created: new,
-                    },
-                    e => e,
-                })?
-        };
-        // The request that created the job leads it; a retry with the same
-        // key that waited on it follows; one that found it done replays.
-        let outcome = if replayed {
-            Outcome::Replay
-        } else if new {
-            Outcome::Leader
-        } else {
-            Outcome::Follower
-        };
-        let answer = job_answer(&job, route);
-        let mut resp = match job.state {
-            JobState::Succeeded => render(&answer, req.stream, req.include_usage),
-            JobState::Cancelled => ApiError::Conflict {
-                message: "the job for this Idempotency-Key was cancelled".into(),
-                code: "job_cancelled",
-            }
-            .into_response(),
-            _ => ApiError::Upstream {
-                status: axum::http::StatusCode::BAD_GATEWAY,
-                message: format!(
-                    "the job for this Idempotency-Key failed: {}",
-                    job.error.as_deref().unwrap_or("unknown reason")
-                ),
-                code: "job_failed",
-                retry_after: None,
-            }
-            .into_response(),
-        };
-        // The request that created the job is counted by the job's first
-        // attempt, with how that attempt got its answer: one job, one
-        // incoming request. A retry with the key is a request of its own.
-        if !new {
-            app.metrics.request(tenant, &route.name, outcome);
-        }
-        let h = resp.headers_mut();
-        decorate(h, outcome, &fp, Some(&answer));
-        if let Ok(v) = HeaderValue::from_str(&job.id) {
-            h.insert(IDEM_JOB_ID, v);
-        }
-        if let Some(n) = job.completed_by {
-            h.insert(IDEM_ATTEMPT, HeaderValue::from(n));
-        }
-        if replayed {
-            h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-        }
-        let status = resp.status().as_u16();
-        app.reqlog.write(
-            &Entry::new(tenant, &route.name, &fp, outcome.as_str(), status, started)
-                .job(&job.id, job.completed_by)
-                .answer(Some(&answer))
-                .body(&req.body),
-        );
-        Ok(resp)
-    }
 }
 
 /// A succeeded job's stored result as an [`Answer`] (for rendering).
-fn job_answer(job: &JobRecord, route: &Route) -> Answer {
+pub fn job_answer(job: &JobRecord, route: &Route) -> Answer {
     Answer {
-        status: axum::http::StatusCode::OK,
+        status: reqwest::StatusCode::OK,
         form: Form::Plain,
         body: bytes::Bytes::from(job.result.clone().unwrap_or_default()),
         retry_after: None,
@@ -361,36 +271,4 @@ pub fn attempt_json(a: &AttemptRecord) -> Value {
         "started_at": rfc3339(a.started_at),
         "finished_at": a.finished_at.map(rfc3339),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn idempotency_keys_are_checked() {
-        let mut h = HeaderMap::new();
-        assert_eq!(idempotency_key(&h).unwrap(), None);
-        h.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("order-45"));
-        assert_eq!(idempotency_key(&h).unwrap().as_deref(), Some("order-45"));
-        h.insert(
-            IDEMPOTENCY_KEY,
-            HeaderValue::from_str(&"k".repeat(255)).unwrap(),
-        );
-        assert!(idempotency_key(&h).is_ok());
-        h.insert(
-            IDEMPOTENCY_KEY,
-            HeaderValue::from_str(&"k".repeat(256)).unwrap(),
-        );
-        assert!(idempotency_key(&h).is_err());
-        h.insert(
-            IDEMPOTENCY_KEY,
-            HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
-        );
-        assert!(idempotency_key(&h).is_err());
-        h.insert(IDEMPOTENCY_KEY, HeaderValue::from_bytes(b"a\tb").unwrap());
-        assert!(idempotency_key(&h).is_err());
-        h.insert(IDEMPOTENCY_KEY, HeaderValue::from_static(""));
-        assert!(idempotency_key(&h).is_err());
-    }
 }

@@ -10,15 +10,14 @@
 
 use tokio_util::sync::CancellationToken;
 
-use crate::http::AppState;
-use crate::jobs::executor;
+use crate::jobs::{Env, executor};
 use crate::store::{AttemptState, Backend, JobState, now_ms};
 
 /// At start-up: with SQLite only this process uses the file, so an attempt
 /// still `starting`/`running` was left by a process that is gone.
-pub async fn on_startup(app: &AppState) {
-    if app.store.backend() == Backend::Sqlite {
-        match app.store.expire_attempt_leases(i64::MAX, now_ms()).await {
+pub async fn on_startup(app: &Env) {
+    if app.store().backend() == Backend::Sqlite {
+        match app.store().expire_attempt_leases(i64::MAX, now_ms()).await {
             Ok(left) => {
                 for a in &left {
                     tracing::warn!(job = %a.job_id, attempt = a.n, "attempt left in flight by a previous run is now unknown");
@@ -30,8 +29,8 @@ pub async fn on_startup(app: &AppState) {
     once(app).await;
 }
 
-pub async fn run(app: AppState, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(app.config.jobs.reconcile_interval);
+pub async fn run(app: Env, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(app.config().jobs.reconcile_interval);
     // After a stall, one pass and then the interval again, not a burst of
     // passes back to back.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -45,15 +44,16 @@ pub async fn run(app: AppState, shutdown: CancellationToken) {
 }
 
 /// One pass.
-pub async fn once(app: &AppState) {
-    let store = &app.store;
+pub async fn once(app: &Env) {
+    let store = &app.store();
     let now = now_ms();
     match store.expire_attempt_leases(now, now).await {
         Ok(expired) => {
             for a in &expired {
                 tracing::warn!(job = %a.job_id, attempt = a.n, owner = ?a.owner, "attempt lease expired: unknown");
-                app.metrics.attempt(&a.provider.as_str().into(), "unknown");
-                app.jobs.changed(&a.job_id);
+                app.metrics()
+                    .attempt(&a.provider.as_str().into(), "unknown");
+                app.jobs().changed(&a.job_id);
             }
         }
         Err(e) => tracing::warn!(error = %e, "cannot expire attempt leases"),
@@ -62,7 +62,7 @@ pub async fn once(app: &AppState) {
         Ok(n) if n > 0 => {
             tracing::warn!(jobs = n, "requeued jobs abandoned by their worker");
             for _ in 0..n {
-                app.jobs.wake();
+                app.jobs().wake();
             }
         }
         Ok(_) => {}
@@ -70,28 +70,28 @@ pub async fn once(app: &AppState) {
     }
     auto_resolve(app, now).await;
     let retention =
-        i64::try_from(app.config.storage.idempotency_retention.as_millis()).unwrap_or(i64::MAX);
+        i64::try_from(app.config().storage.idempotency_retention.as_millis()).unwrap_or(i64::MAX);
     if let Err(e) = store.purge(now.saturating_sub(retention)).await {
         tracing::warn!(error = %e, "cannot purge old jobs");
     }
     match store.unknown_attempts().await {
-        Ok(list) => app.metrics.jobs_unknown.set(list.len() as f64),
+        Ok(list) => app.metrics().jobs_unknown.set(list.len() as f64),
         Err(e) => tracing::warn!(error = %e, "cannot count unknown attempts"),
     }
     // Counted once the pass is over: whoever watches it knows that what
     // was due before the pass began has been looked at.
-    app.metrics.reconciler_passes.increment(1);
+    app.metrics().reconciler_passes.increment(1);
 }
 
-async fn auto_resolve(app: &AppState, now: i64) {
-    let Ok(unknown) = app.store.unknown_attempts().await else {
+async fn auto_resolve(app: &Env, now: i64) {
+    let Ok(unknown) = app.store().unknown_attempts().await else {
         return;
     };
     for a in unknown {
-        let Ok(Some(job)) = app.store.job(None, &a.job_id).await else {
+        let Ok(Some(job)) = app.store().job(None, &a.job_id).await else {
             continue;
         };
-        let Some(route) = app.routes.get(&job.route) else {
+        let Some(route) = app.routes().get(&job.route) else {
             continue;
         };
         let policy = &route.config.attempts;
@@ -103,7 +103,7 @@ async fn auto_resolve(app: &AppState, now: i64) {
             continue;
         }
         let resolved = app
-            .store
+            .store()
             .finish_attempt(
                 &a.job_id,
                 a.n,
@@ -117,19 +117,19 @@ async fn auto_resolve(app: &AppState, now: i64) {
         }
         tracing::warn!(job = %a.job_id, attempt = a.n, "unknown attempt auto-resolved as failed");
         let made = app
-            .store
+            .store()
             .attempts(&a.job_id)
             .await
             .map(|v| executor::budgeted(&v))
             .unwrap_or(usize::MAX);
         if job.state == JobState::Running && made < executor::attempt_budget(policy, &job) {
-            if let Ok(true) = app.store.requeue(&a.job_id, None, now, false, now).await {
-                app.jobs.wake();
+            if let Ok(true) = app.store().requeue(&a.job_id, None, now, false, now).await {
+                app.jobs().wake();
             }
         } else {
             let why = format!("attempt {} was unknown and auto-resolved as failed", a.n);
-            let _ = app.store.fail_job(&a.job_id, &why, now).await;
+            let _ = app.store().fail_job(&a.job_id, &why, now).await;
         }
-        app.jobs.changed(&a.job_id);
+        app.jobs().changed(&a.job_id);
     }
 }

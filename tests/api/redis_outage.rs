@@ -21,7 +21,10 @@ fn signal(redis: &PrivateRedis, sig: &str) {
 async fn while_redis_hangs_a_request_waits_about_the_redis_timeout_not_longer() {
     let redis = PrivateRedis::start();
     // The default redis_timeout: 250 ms.
-    let c = Cluster::start(2, Spec::default(), &redis.url()).await;
+    let c = Cluster::start_with(2, Spec::default(), &redis.url(), |_| {
+        vec![("IDEM_COALESCING__REDIS_TIMEOUT", "250ms")]
+    })
+    .await;
     let warm = collect(c.fire(&[0, 1], &chat_body("warm"), 2)).await;
     assert!(warm.iter().all(|(s, _, _)| *s == 200));
     // Redis accepts connections and commands but answers nothing.

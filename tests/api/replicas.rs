@@ -60,10 +60,14 @@ impl Cluster {
         let dir = temp_dir();
         let db = pg_schema().await;
         let prefix = format!("idem-test-{}", uuid::Uuid::now_v7().simple());
+        // A Redis operation gets 2 s, not the default 250 ms: on two cores
+        // busy with the whole suite, a slow answer would make a replica
+        // coalesce locally (as designed) and a wave make a second call.
+        // The test of that timeout itself sets it back.
         let text = config_text(&spec, &mocks, &db, "127.0.0.1:0").replacen(
             "[storage]",
             &format!(
-                "[coalescing]\nbackend = \"{redis}\"\nredis_prefix = \"{prefix}\"\nredis_poll = \"200ms\"\n[storage]"
+                "[coalescing]\nbackend = \"{redis}\"\nredis_prefix = \"{prefix}\"\nredis_poll = \"200ms\"\nredis_timeout = \"2s\"\n[storage]"
             ),
             1,
         );
