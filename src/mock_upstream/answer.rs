@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::Garbage;
 
 /// Longest part of the last user message echoed in a generated answer.
-const ECHO_CHARS: usize = 200;
+pub(crate) const ECHO_CHARS: usize = 200;
 
 /// Upper bound on `n`, so a hostile request cannot make the mock build a
 /// gigantic answer.
@@ -175,7 +175,11 @@ pub(crate) fn stream_frames(
     frames(Some(&text))
 }
 
-/// A 200 answer that is not a well-formed chat completion.
+/// The body of [`html_page`].
+const HTML: &str = "<html><head><title>502 Bad Gateway</title></head>\
+                    <body><h1>502 Bad Gateway</h1></body></html>";
+
+/// A 200 answer that is not a well-formed answer.
 pub(crate) struct Garbled {
     pub(crate) content_type: &'static str,
     pub(crate) frames: Vec<Bytes>,
@@ -198,29 +202,17 @@ pub(crate) fn garbage(
     content: Option<&str>,
     stream: bool,
 ) -> Garbled {
-    const HTML: &str = "<html><head><title>502 Bad Gateway</title></head>\
-                        <body><h1>502 Bad Gateway</h1></body></html>";
     let sse = |frames: Vec<Bytes>| Garbled {
         content_type: "text/event-stream",
         frames,
     };
-    let json = |body: String| Garbled {
-        content_type: "application/json",
-        frames: vec![Bytes::from(body)],
-    };
+    let json = garbled_json;
     let frame = |data: &str| Bytes::from(format!("data: {data}\n\n"));
     let chunks = completion_chunks(request, seq, content);
     let first = chunks.first().map(|c| frame(c)).unwrap_or_default();
-    let error = json!({"error": {
-        "message": "The server had an error while processing your request.",
-        "type": "server_error", "param": null, "code": null,
-    }})
-    .to_string();
+    let error = server_error();
     match (kind, stream) {
-        (Garbage::NotJson, false) => Garbled {
-            content_type: "text/html; charset=utf-8",
-            frames: vec![Bytes::from_static(HTML.as_bytes())],
-        },
+        (Garbage::NotJson, false) => html_page(),
         (Garbage::NotJson, true) => sse(vec![first, frame(HTML), frame("[DONE]")]),
         (Garbage::Truncated, false) => {
             let whole = completion(request, seq, content).to_string();
@@ -279,8 +271,33 @@ pub(crate) fn garbage(
     }
 }
 
+/// The HTML error page an intermediary sends in place of a JSON answer.
+pub(crate) fn html_page() -> Garbled {
+    Garbled {
+        content_type: "text/html; charset=utf-8",
+        frames: vec![Bytes::from_static(HTML.as_bytes())],
+    }
+}
+
+/// `body`, sent as if it were a JSON answer.
+pub(crate) fn garbled_json(body: String) -> Garbled {
+    Garbled {
+        content_type: "application/json",
+        frames: vec![Bytes::from(body)],
+    }
+}
+
+/// The `{"error": ...}` object OpenAI sends on a server error.
+pub(crate) fn server_error() -> String {
+    json!({"error": {
+        "message": "The server had an error while processing your request.",
+        "type": "server_error", "param": null, "code": null,
+    }})
+    .to_string()
+}
+
 /// The first half of `text`, cut on a character boundary.
-fn cut_in_half(text: &str) -> &str {
+pub(crate) fn cut_in_half(text: &str) -> &str {
     let mut end = text.len() / 2;
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -288,8 +305,9 @@ fn cut_in_half(text: &str) -> &str {
     &text[..end]
 }
 
-/// The OpenAI error object for a mock failure with this HTTP status.
-pub(crate) fn error_body(status: u16, message: &str) -> Value {
+/// The OpenAI error object for a mock failure with this HTTP status; `param`
+/// names the request field at fault, if one is.
+pub(crate) fn error_body(status: u16, message: &str, param: Option<&str>) -> Value {
     let (kind, code) = match status {
         400 | 413 | 422 => ("invalid_request_error", Value::Null),
         401 => ("authentication_error", json!("invalid_api_key")),
@@ -299,7 +317,7 @@ pub(crate) fn error_body(status: u16, message: &str) -> Value {
         429 => ("rate_limit_error", json!("rate_limit_exceeded")),
         _ => ("server_error", Value::Null),
     };
-    json!({"error": {"message": message, "type": kind, "code": code, "param": null}})
+    json!({"error": {"message": message, "type": kind, "code": code, "param": param}})
 }
 
 /// What every form of one answer shares.
@@ -387,6 +405,6 @@ fn message_text(message: &Value) -> String {
 }
 
 /// A rough token count (about four characters per token), at least 1.
-fn estimate_tokens(chars: usize) -> u64 {
+pub(crate) fn estimate_tokens(chars: usize) -> u64 {
     (chars as u64 / 4).max(1)
 }

@@ -2,18 +2,21 @@
 //! for the LLM provider used by idem's demo, integration tests and benchmarks.
 //!
 //! It answers `POST /v1/chat/completions` (plain JSON or SSE) with a
-//! deterministic answer that names the call number, and can be told, by CLI
+//! deterministic answer that names the call number, and `POST /v1/embeddings`
+//! with vectors that depend only on each item and the dimensions (see
+//! [`embedding_of`]). Both go through the same behaviour: it can be told, by CLI
 //! flags at start or by the `/_mock` control API at run time, to be slow, to
 //! fail with a chosen status, to drop connections, to answer 200 with
 //! garbage or with a padded (large) answer, or to hold requests until a test
 //! releases them (in the order the test chooses). It counts every call
 //! on arrival, so a test can assert how many upstream calls the gateway made.
 //!
-//! `answer` builds the answers (also used by idem's in-process provider of
-//! kind "mock"), `state` keeps counters and held requests, `routes` is the
-//! HTTP surface.
+//! `answer` builds the chat answers (also used by idem's in-process provider
+//! of kind "mock"), `embeddings` the embeddings, `state` keeps counters and
+//! held requests, `routes` is the HTTP surface.
 
 mod answer;
+mod embeddings;
 mod routes;
 mod state;
 #[cfg(test)]
@@ -28,6 +31,7 @@ use serde_json::Value;
 use tokio::task::JoinHandle;
 
 pub use answer::{completion, completion_chunks};
+pub use embeddings::{DEFAULT_DIMENSIONS, MAX_DIMENSIONS, MAX_ITEMS, embedding_of};
 use state::Shared;
 
 /// How long [`MockServer::shutdown`] waits for open connections to finish.
@@ -40,7 +44,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// `stall_ms` with probability `stall_rate`); drop the connection with
 /// probability `reset_rate`; fail with `fail_status`; else answer (with
 /// `garbage` instead of a chat completion when set, padded to `pad_bytes`
-/// when set).
+/// when set). Embeddings go through the same steps; `content`, `pad_bytes`
+/// and `chunk_delay_ms` do not apply to them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Behaviour {
@@ -79,7 +84,11 @@ pub struct Behaviour {
 }
 
 /// A 200 answer that is not a well-formed chat completion, as a broken
-/// provider or an intermediary in front of it sends one.
+/// provider or an intermediary in front of it sends one. For embeddings
+/// (which do not stream): `not_json`, `truncated`, `empty` and
+/// `error_object` alike, `stream_error` like `error_object`,
+/// `empty_choices` a list with `data: []`, `stream_without_done` the answer
+/// as one SSE event without `[DONE]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
@@ -182,9 +191,17 @@ impl MockArgs {
 /// What the mock has seen, as `GET /_mock/stats` returns it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
-    /// Chat completion requests that arrived (counted on arrival, before any
-    /// hold, latency or failure; invalid bodies included).
+    /// Requests to the OpenAI endpoints (chat completions and embeddings)
+    /// that arrived (counted on arrival, before any hold, latency or failure;
+    /// invalid bodies included).
     pub calls: u64,
+    /// The embeddings requests among `calls`.
+    #[serde(default)]
+    pub embedding_calls: u64,
+    /// The input items of the valid embeddings requests among them (a string
+    /// or a token array is one item).
+    #[serde(default)]
+    pub embedding_items: u64,
     /// Requests answered with a 2xx status (counted when the answer starts).
     pub completed: u64,
     /// Requests answered with an error status.
@@ -205,6 +222,9 @@ pub struct Stats {
 pub struct RecordedRequest {
     /// Call number, from 1 (again from 1 after a reset).
     pub seq: u64,
+    /// The endpoint it was sent to.
+    #[serde(default)]
+    pub endpoint: Endpoint,
     /// The JSON body (a JSON string holding the raw text if it was not JSON).
     pub body: Value,
     /// The `Authorization` header, if any.
@@ -213,15 +233,19 @@ pub struct RecordedRequest {
     pub stream: bool,
 }
 
-/// One chat completion call in the mock's call log (`GET /_mock/calls`,
+/// One call in the mock's call log (`GET /_mock/calls`,
 /// [`MockServer::calls`]). Unlike `last_requests` the log keeps every call
 /// (up to a million), so a test can count upstream calls per prompt and
 /// find which call produced an answer (its `seq` is in the answer's
 /// content and id).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
-    /// Call number, as in the answer (`mock answer #<seq> ...`).
+    /// Call number, as in the answer (`mock answer #<seq> ...`); chat
+    /// completions and embeddings share the numbering.
     pub seq: u64,
+    /// The endpoint it was sent to.
+    #[serde(default)]
+    pub endpoint: Endpoint,
     /// Arrival, in milliseconds since the Unix epoch.
     pub at_ms: i64,
     /// When the answer (or failure) started, if it did.
@@ -230,15 +254,29 @@ pub struct CallRecord {
     pub model: Option<String>,
     /// The request's `user` field.
     pub user: Option<String>,
-    /// The last user message's text, as echoed in the generated answer.
+    /// The last user message's text, as echoed in the generated answer
+    /// (embeddings: the first input item, a token array as its JSON; its
+    /// first 200 characters).
     pub prompt: String,
     pub stream: bool,
     /// `pending` (no answer: held, in its latency, or its client left),
     /// `completed`, `failed`, `reset`, `garbage` (a 200 that is no chat
-    /// completion) or `padded` (a completion padded to `pad_bytes`).
+    /// completion or embeddings list) or `padded` (a completion padded to
+    /// `pad_bytes`).
     pub outcome: CallOutcome,
     /// The status answered, for `completed` and `failed`.
     pub status: Option<u16>,
+}
+
+/// The OpenAI endpoint a call was sent to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    #[default]
+    ChatCompletions,
+    /// `POST /v1/embeddings`.
+    Embeddings,
 }
 
 /// How a logged call ended.
@@ -249,7 +287,7 @@ pub enum CallOutcome {
     Completed,
     Failed,
     Reset,
-    /// A 200 that is no chat completion (`garbage`).
+    /// A 200 that is no chat completion or embeddings list (`garbage`).
     Garbage,
     /// A completion padded to `pad_bytes`.
     Padded,

@@ -16,9 +16,10 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::Behaviour;
-use super::answer::{error_body, garbage, plain_body, stream_frames};
-use super::state::{InFlight, Outcome, Release, Shared};
+use super::answer::{Garbled, error_body, garbage, plain_body, stream_frames};
+use super::embeddings::{self, EmbeddingsRequest, answer_body};
+use super::state::{Arrival, InFlight, Outcome, Release, Shared};
+use super::{Behaviour, Endpoint};
 
 /// Request bodies up to this size are accepted (above the gateway's own
 /// limit, so the gateway's limit is the one a test observes).
@@ -31,6 +32,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/_mock/stats", get(stats))
@@ -51,54 +54,23 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 /// reset or answer as the behaviour says.
 async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let in_flight = shared.in_flight();
-    let parsed = serde_json::from_slice::<Value>(&body).ok();
-    let valid = parsed.as_ref().is_some_and(Value::is_object);
-    let request = Arc::new(
-        parsed.unwrap_or_else(|| Value::String(String::from_utf8_lossy(&body).into_owned())),
-    );
+    let (request, valid) = request_of(&body);
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-    let authorization = headers
-        .get(AUTHORIZATION)
-        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
-    let arrival = shared.arrive(Arc::clone(&request), authorization, stream);
+    let arrival = shared.arrive(
+        Endpoint::ChatCompletions,
+        Arc::clone(&request),
+        authorization(&headers),
+        stream,
+        0,
+    );
     if !valid {
         shared.count(&arrival, Outcome::Failed(400));
-        return error(400, "mock: the body is not a JSON object", None);
+        return error(400, NOT_AN_OBJECT, None);
     }
-
-    let behaviour = shared.behaviour();
-    let release = if behaviour.hold || behaviour.hang {
-        shared.hold(&arrival).await
-    } else {
-        Release::default()
+    let (behaviour, release) = match gate(&shared, &arrival).await {
+        Ok(go) => go,
+        Err(refused) => return refused,
     };
-    // Read again: a test may change the behaviour while requests are held,
-    // and released requests follow the behaviour of the moment they resume.
-    let behaviour = shared.behaviour();
-    pause(&shared, delay(&behaviour)).await;
-
-    if let Some(status) = release.status {
-        shared.count(&arrival, Outcome::Failed(status));
-        return error(status, "mock failure", behaviour.retry_after);
-    }
-    // A release that chose the content chose success: no random failure.
-    if release.content.is_none() {
-        if chance(behaviour.reset_rate) {
-            shared.count(&arrival, Outcome::Reset);
-            return connection_reset();
-        }
-        if let Some(status) = behaviour.fail_status {
-            let rate = if behaviour.fail_rate > 0.0 {
-                behaviour.fail_rate
-            } else {
-                1.0
-            };
-            if chance(rate) {
-                shared.count(&arrival, Outcome::Failed(status));
-                return error(status, "mock failure", behaviour.retry_after);
-            }
-        }
-    }
 
     shared.count(
         &arrival,
@@ -112,30 +84,158 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
     let delay = Duration::from_millis(behaviour.chunk_delay_ms);
     if let Some(kind) = behaviour.garbage {
         let garbled = garbage(kind, &request, arrival.seq, content, stream);
-        return if garbled.is_stream() {
-            event_stream(shared, garbled.frames, delay, in_flight)
-        } else {
-            let body: Vec<u8> = garbled.frames.concat();
-            (
-                StatusCode::OK,
-                [(CONTENT_TYPE, HeaderValue::from_static(garbled.content_type))],
-                body,
-            )
-                .into_response()
-        };
+        return garbled_response(shared, garbled, delay, in_flight);
     }
     if stream {
         let frames = stream_frames(&request, arrival.seq, content, behaviour.pad_bytes);
         event_stream(shared, frames, delay, in_flight)
     } else {
         let body = plain_body(&request, arrival.seq, content, behaviour.pad_bytes);
-        (
-            StatusCode::OK,
-            [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-            body,
-        )
-            .into_response()
+        json_text(body)
     }
+}
+
+/// `POST /v1/embeddings`: count and record, refuse an invalid request with
+/// a 400 at once (as OpenAI does), then hold, wait, fail, reset or answer
+/// as the behaviour says. `pad_bytes` and a release's `content` do not
+/// apply (a release with content still chooses success).
+async fn embeddings(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let in_flight = shared.in_flight();
+    let (request, valid) = request_of(&body);
+    let parsed = valid.then(|| EmbeddingsRequest::parse(&request));
+    let items = match &parsed {
+        Some(Ok(parsed)) => parsed.items.len() as u64,
+        _ => 0,
+    };
+    let arrival = shared.arrive(
+        Endpoint::Embeddings,
+        Arc::clone(&request),
+        authorization(&headers),
+        false,
+        items,
+    );
+    let parsed = match parsed {
+        Some(Ok(parsed)) => parsed,
+        Some(Err(invalid)) => {
+            shared.count(&arrival, Outcome::Failed(400));
+            return error_with_param(400, &invalid.message, Some(invalid.param), None);
+        }
+        None => {
+            shared.count(&arrival, Outcome::Failed(400));
+            return error(400, NOT_AN_OBJECT, None);
+        }
+    };
+    let (behaviour, _release) = match gate(&shared, &arrival).await {
+        Ok(go) => go,
+        Err(refused) => return refused,
+    };
+
+    let body = match answer_body(&parsed) {
+        Ok(body) => body,
+        Err(err) => {
+            shared.count(&arrival, Outcome::Failed(500));
+            return error(500, &format!("mock: cannot serialize: {err}"), None);
+        }
+    };
+    if let Some(kind) = behaviour.garbage {
+        shared.count(&arrival, Outcome::Garbage);
+        let garbled = embeddings::garbage(kind, &body);
+        return garbled_response(shared, garbled, Duration::ZERO, in_flight);
+    }
+    shared.count(&arrival, Outcome::Completed);
+    json_text(body)
+}
+
+const NOT_AN_OBJECT: &str = "mock: the body is not a JSON object";
+
+/// The request as JSON (a JSON string holding the raw text if it is not
+/// JSON), and whether it is a JSON object.
+fn request_of(body: &[u8]) -> (Arc<Value>, bool) {
+    let parsed = serde_json::from_slice::<Value>(body).ok();
+    let valid = parsed.as_ref().is_some_and(Value::is_object);
+    let request =
+        parsed.unwrap_or_else(|| Value::String(String::from_utf8_lossy(body).into_owned()));
+    (Arc::new(request), valid)
+}
+
+fn authorization(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(AUTHORIZATION)
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+}
+
+/// What every call goes through between its arrival and its answer: the
+/// hold, the latency, then a failure or a reset if the release or the
+/// behaviour chooses one (counted, as the `Err` response). `Ok` carries
+/// the behaviour of the moment and the release, for the answer.
+async fn gate(shared: &Shared, arrival: &Arrival) -> Result<(Arc<Behaviour>, Release), Response> {
+    let behaviour = shared.behaviour();
+    let release = if behaviour.hold || behaviour.hang {
+        shared.hold(arrival).await
+    } else {
+        Release::default()
+    };
+    // Read again: a test may change the behaviour while requests are held,
+    // and released requests follow the behaviour of the moment they resume.
+    let behaviour = shared.behaviour();
+    pause(shared, delay(&behaviour)).await;
+
+    if let Some(status) = release.status {
+        shared.count(arrival, Outcome::Failed(status));
+        return Err(error(status, "mock failure", behaviour.retry_after));
+    }
+    // A release that chose the content chose success: no random failure.
+    if release.content.is_none() {
+        if chance(behaviour.reset_rate) {
+            shared.count(arrival, Outcome::Reset);
+            return Err(connection_reset());
+        }
+        if let Some(status) = behaviour.fail_status {
+            let rate = if behaviour.fail_rate > 0.0 {
+                behaviour.fail_rate
+            } else {
+                1.0
+            };
+            if chance(rate) {
+                shared.count(arrival, Outcome::Failed(status));
+                return Err(error(status, "mock failure", behaviour.retry_after));
+            }
+        }
+    }
+    Ok((behaviour, release))
+}
+
+/// A garbled 200: streamed frame by frame if it is an SSE body, else in one.
+fn garbled_response(
+    shared: Arc<Shared>,
+    garbled: Garbled,
+    delay: Duration,
+    in_flight: InFlight,
+) -> Response {
+    if garbled.is_stream() {
+        return event_stream(shared, garbled.frames, delay, in_flight);
+    }
+    let body: Vec<u8> = garbled.frames.concat();
+    (
+        StatusCode::OK,
+        [(CONTENT_TYPE, HeaderValue::from_static(garbled.content_type))],
+        body,
+    )
+        .into_response()
+}
+
+/// A 200 with a JSON body.
+fn json_text(body: String) -> Response {
+    (
+        StatusCode::OK,
+        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        body,
+    )
+        .into_response()
 }
 
 /// An SSE answer sent frame by frame, `delay` apart; `in_flight` stays
@@ -183,8 +283,18 @@ fn connection_reset() -> Response {
 
 /// An OpenAI error answer; an invalid status code becomes 500.
 fn error(status: u16, message: &str, retry_after: Option<u64>) -> Response {
+    error_with_param(status, message, None, retry_after)
+}
+
+/// [`error`] naming the request field at fault.
+fn error_with_param(
+    status: u16,
+    message: &str,
+    param: Option<&str>,
+    retry_after: Option<u64>,
+) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = json_response(code, &error_body(code.as_u16(), message));
+    let mut response = json_response(code, &error_body(code.as_u16(), message, param));
     if let Some(seconds) = retry_after {
         response
             .headers_mut()

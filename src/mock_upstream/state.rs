@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{Behaviour, CallOutcome, CallRecord, RecordedRequest, Stats};
+use super::{Behaviour, CallOutcome, CallRecord, Endpoint, RecordedRequest, Stats};
 
 /// How many requests `last_requests` keeps.
 const RECORDED: usize = 50;
@@ -50,6 +50,8 @@ pub(crate) struct Shared {
     /// outcomes, so that requests from before a reset do not count after it.
     epoch: AtomicU64,
     calls: AtomicU64,
+    embedding_calls: AtomicU64,
+    embedding_items: AtomicU64,
     completed: AtomicU64,
     failed: AtomicU64,
     resets: AtomicU64,
@@ -72,6 +74,7 @@ struct Registry {
 
 struct Recorded {
     seq: u64,
+    endpoint: Endpoint,
     body: Arc<Value>,
     authorization: Option<String>,
     stream: bool,
@@ -98,6 +101,8 @@ impl Shared {
             registry: Mutex::new(Registry::default()),
             epoch: AtomicU64::new(0),
             calls: AtomicU64::new(0),
+            embedding_calls: AtomicU64::new(0),
+            embedding_items: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             resets: AtomicU64::new(0),
@@ -129,22 +134,30 @@ impl Shared {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Numbers, counts and records a chat completion request on arrival.
+    /// Numbers, counts and records a request to `endpoint` on arrival;
+    /// `items` is the number of input items of a valid embeddings request.
     pub(crate) fn arrive(
         &self,
+        endpoint: Endpoint,
         body: Arc<Value>,
         authorization: Option<String>,
         stream: bool,
+        items: u64,
     ) -> Arrival {
         // Built before taking the lock; numbered under it.
         let text = |key: &str| body.get(key).and_then(Value::as_str).map(str::to_owned);
+        let prompt = match endpoint {
+            Endpoint::ChatCompletions => super::answer::echoed(&body),
+            Endpoint::Embeddings => super::embeddings::echoed(&body),
+        };
         let mut call = CallRecord {
             seq: 0,
+            endpoint,
             at_ms: now_ms(),
             done_ms: None,
             model: text("model"),
             user: text("user"),
-            prompt: super::answer::echoed(&body),
+            prompt,
             stream,
             outcome: CallOutcome::Pending,
             status: None,
@@ -162,12 +175,17 @@ impl Shared {
         });
         registry.last.push_back(Recorded {
             seq,
+            endpoint,
             body,
             authorization,
             stream,
         });
         // Counted under the lock so a concurrent reset sees seq and calls agree.
         self.calls.fetch_add(1, Ordering::Relaxed);
+        if endpoint == Endpoint::Embeddings {
+            self.embedding_calls.fetch_add(1, Ordering::Relaxed);
+            self.embedding_items.fetch_add(items, Ordering::Relaxed);
+        }
         Arrival {
             seq,
             epoch: self.epoch.load(Ordering::Relaxed),
@@ -272,7 +290,14 @@ impl Shared {
         registry.log.clear();
         let gates = std::mem::take(&mut registry.gates);
         self.held.send_replace(0);
-        for counter in [&self.calls, &self.completed, &self.failed, &self.resets] {
+        for counter in [
+            &self.calls,
+            &self.embedding_calls,
+            &self.embedding_items,
+            &self.completed,
+            &self.failed,
+            &self.resets,
+        ] {
             counter.store(0, Ordering::Relaxed);
         }
         self.set_behaviour(self.initial.clone());
@@ -303,6 +328,7 @@ impl Shared {
             .iter()
             .map(|r| RecordedRequest {
                 seq: r.seq,
+                endpoint: r.endpoint,
                 body: Value::clone(&r.body),
                 authorization: r.authorization.clone(),
                 stream: r.stream,
@@ -310,6 +336,8 @@ impl Shared {
             .collect();
         Stats {
             calls: self.calls.load(Ordering::Relaxed),
+            embedding_calls: self.embedding_calls.load(Ordering::Relaxed),
+            embedding_items: self.embedding_items.load(Ordering::Relaxed),
             completed: self.completed.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             resets: self.resets.load(Ordering::Relaxed),

@@ -890,3 +890,491 @@ async fn the_control_api_takes_garbage_and_pad_bytes() {
     assert!(body.len() >= 4096, "{}", body.len());
     server.shutdown().await;
 }
+
+async fn embed(client: &reqwest::Client, server: &MockServer, body: &Value) -> reqwest::Response {
+    client
+        .post(format!("{}/embeddings", server.base_url()))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The answer's vectors, decoded from floats or base64.
+fn vectors(answer: &Value) -> Vec<Vec<f32>> {
+    use base64::Engine as _;
+    answer["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            assert_eq!(item["object"], "embedding");
+            assert_eq!(item["index"], i);
+            match &item["embedding"] {
+                Value::Array(numbers) => {
+                    numbers.iter().map(|x| x.as_f64().unwrap() as f32).collect()
+                }
+                Value::String(text) => base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .unwrap()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+                other => panic!("an embedding that is {other}"),
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn embeddings_answer_in_the_openai_shape_with_each_items_own_vector() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let response = embed(
+        &client,
+        &server,
+        &json!({"model": "text-embedding-3-small", "input": "hello there", "user": "acme"}),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["object"], "list");
+    assert_eq!(answer["model"], "text-embedding-3-small");
+    let usage = &answer["usage"];
+    assert_eq!(usage["prompt_tokens"], 2);
+    assert_eq!(usage["total_tokens"], 2);
+    assert_eq!(
+        usage.as_object().unwrap().len(),
+        2,
+        "no completion tokens: {usage}"
+    );
+    let got = vectors(&answer);
+    assert_eq!(got, vec![embedding_of(&json!("hello there"), 8)]);
+    assert_eq!(got[0].len(), DEFAULT_DIMENSIONS);
+    let norm: f32 = got[0].iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+    assert!(got[0].iter().all(|x| (-1.0..=1.0).contains(x)));
+
+    // A batch, without the /v1 prefix and without a model: in order, each
+    // item's own vector.
+    let items = [
+        "alpha",
+        "beta",
+        "alpha",
+        "a much longer item, of several tokens",
+    ];
+    let response = client
+        .post(format!("http://{}/embeddings", server.addr()))
+        .json(&json!({"input": items, "dimensions": 3}))
+        .send()
+        .await
+        .unwrap();
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["model"], "mock");
+    let expected: Vec<Vec<f32>> = items
+        .iter()
+        .map(|item| embedding_of(&json!(item), 3))
+        .collect();
+    assert_eq!(vectors(&answer), expected);
+    assert_eq!(answer["usage"]["prompt_tokens"], 1 + 1 + 1 + 9);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_vector_depends_on_its_item_and_the_dimensions_only() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let first: Value = embed(
+        &client,
+        &server,
+        &json!({"model": "m1", "input": ["a", "b", "c"]}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    // Another model, another call number, other places in the batch.
+    let second: Value = embed(
+        &client,
+        &server,
+        &json!({"model": "m2", "input": ["c", "a"], "dimensions": 8}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let (first, second) = (vectors(&first), vectors(&second));
+    assert_eq!(second[0], first[2]);
+    assert_eq!(second[1], first[0]);
+    assert_ne!(first[0], first[1]);
+    assert_ne!(first[1], first[2]);
+    // Other dimensions: another vector, not a cut of the same one.
+    let a = json!("a");
+    let short = embedding_of(&a, 4);
+    let long = embedding_of(&a, 8);
+    assert_eq!(short.len(), 4);
+    assert_ne!(short[..], long[..4]);
+    assert_eq!(embedding_of(&a, 4096).len(), 4096);
+    // A string and the token array that spells it the same way in JSON differ.
+    assert_ne!(
+        embedding_of(&json!([1, 2]), 8),
+        embedding_of(&json!("[1,2]"), 8)
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn base64_embeddings_decode_to_the_float_vectors() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let request = json!({"input": ["x", "y"], "dimensions": 5});
+    let floats: Value = embed(&client, &server, &request)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let mut request = request;
+    request["encoding_format"] = json!("base64");
+    let encoded: Value = embed(&client, &server, &request)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let text = encoded["data"][0]["embedding"].as_str().unwrap();
+    // 5 f32s are 20 bytes: 28 characters of the standard, padded alphabet.
+    assert_eq!(text.len(), 28);
+    assert!(text.ends_with('='), "{text}");
+    assert_eq!(vectors(&encoded), vectors(&floats));
+    assert_eq!(vectors(&encoded)[1], embedding_of(&json!("y"), 5));
+    assert_eq!(encoded["usage"], floats["usage"]);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn token_arrays_are_items_whose_usage_is_their_length() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let one: Value = embed(&client, &server, &json!({"input": [101, 2023, 7]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(vectors(&one), vec![embedding_of(&json!([101, 2023, 7]), 8)]);
+    assert_eq!(one["usage"]["prompt_tokens"], 3);
+    let many: Value = embed(&client, &server, &json!({"input": [[1, 2], [3], [1, 2]]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let got = vectors(&many);
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[0], embedding_of(&json!([1, 2]), 8));
+    assert_eq!(got[1], embedding_of(&json!([3]), 8));
+    assert_eq!(got[0], got[2]);
+    assert_eq!(many["usage"]["total_tokens"], 5);
+    let calls = server.calls();
+    assert_eq!(calls[0].prompt, "[101,2023,7]");
+    assert_eq!(calls[1].prompt, "[1,2]");
+    assert_eq!(server.stats().embedding_items, 4);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_embeddings_requests_are_400s_naming_the_param() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let cases = [
+        (json!({"model": "m"}), "input"),
+        (json!({"input": null}), "input"),
+        (json!({"input": ""}), "input"),
+        (json!({"input": []}), "input"),
+        (json!({"input": [""]}), "input"),
+        (json!({"input": ["a", ""]}), "input"),
+        (json!({"input": [[]]}), "input"),
+        (json!({"input": [[1], []]}), "input"),
+        (json!({"input": ["a", 1]}), "input"),
+        (json!({"input": [[1], "a"]}), "input"),
+        (json!({"input": [1.5]}), "input"),
+        (json!({"input": [-1]}), "input"),
+        (json!({"input": [[1, "2"]]}), "input"),
+        (json!({"input": [["a"]]}), "input"),
+        (json!({"input": 3}), "input"),
+        (json!({"input": {"text": "a"}}), "input"),
+        (json!({"input": vec!["a"; MAX_ITEMS + 1]}), "input"),
+        (json!({"input": "a", "model": 1}), "model"),
+        (json!({"input": "a", "dimensions": 0}), "dimensions"),
+        (json!({"input": "a", "dimensions": -3}), "dimensions"),
+        (json!({"input": "a", "dimensions": 2.5}), "dimensions"),
+        (json!({"input": "a", "dimensions": "8"}), "dimensions"),
+        (json!({"input": "a", "dimensions": 4097}), "dimensions"),
+        (
+            json!({"input": "a", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
+        (
+            json!({"input": "a", "encoding_format": 1}),
+            "encoding_format",
+        ),
+        (json!({"input": "a", "user": 7}), "user"),
+    ];
+    for (body, param) in &cases {
+        let response = embed(&client, &server, body).await;
+        assert_eq!(response.status(), 400, "{body}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["param"], *param, "{body}: {error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{body}");
+        assert!(error["error"]["message"].as_str().unwrap().contains(param));
+    }
+    let response = client
+        .post(format!("{}/embeddings", server.base_url()))
+        .body("[\"not an object\"]")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    // The largest values accepted are accepted.
+    let answer: Value = embed(
+        &client,
+        &server,
+        &json!({"input": vec!["a"; MAX_ITEMS], "dimensions": MAX_DIMENSIONS,
+                "encoding_format": "base64", "user": null}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(answer["data"].as_array().unwrap().len(), MAX_ITEMS);
+    let stats = server.stats();
+    let refused = cases.len() as u64 + 1;
+    assert_eq!(stats.calls, refused + 1);
+    assert_eq!(stats.embedding_calls, refused + 1);
+    assert_eq!(stats.failed, refused);
+    // Only the valid request's items count.
+    assert_eq!(stats.embedding_items, MAX_ITEMS as u64);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_embeddings_call_is_held_released_and_failed_like_a_chat_call() {
+    let server = start(Behaviour {
+        hold: true,
+        retry_after: Some(4),
+        ..Behaviour::default()
+    })
+    .await;
+    let client = client();
+    let send = |body: Value| {
+        let client = client.clone();
+        let url = format!("{}/embeddings", server.base_url());
+        tokio::spawn(async move { client.post(url).json(&body).send().await.unwrap() })
+    };
+    let first = send(json!({"input": ["held", "twice"], "model": "e"}));
+    assert_eq!(held(&client, &server, 1).await, vec![1]);
+    let second = send(json!({"input": "refused"}));
+    assert_eq!(held(&client, &server, 2).await, vec![1, 2]);
+    let stats = server.stats();
+    assert_eq!(
+        (
+            stats.calls,
+            stats.embedding_calls,
+            stats.held,
+            stats.completed
+        ),
+        (2, 2, 2, 0)
+    );
+    assert_eq!(stats.in_flight, 2);
+
+    let released = control(
+        &client,
+        &server,
+        "release",
+        json!({"seq": 2, "status": 503}),
+    )
+    .await;
+    assert_eq!(released["released"], json!([2]));
+    let response = second.await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "4");
+    assert!(!first.is_finished());
+
+    control(&client, &server, "release", json!({"seq": 1})).await;
+    let answer: Value = first.await.unwrap().json().await.unwrap();
+    assert_eq!(
+        vectors(&answer),
+        vec![
+            embedding_of(&json!("held"), 8),
+            embedding_of(&json!("twice"), 8)
+        ]
+    );
+
+    server.set_behaviour(Behaviour {
+        fail_status: Some(429),
+        ..Behaviour::default()
+    });
+    let response = embed(&client, &server, &json!({"input": "limited"})).await;
+    assert_eq!(response.status(), 429);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["type"], "rate_limit_error");
+
+    let stats = server.stats();
+    assert_eq!(
+        (stats.calls, stats.completed, stats.failed, stats.held),
+        (3, 1, 2, 0)
+    );
+    let calls = server.calls();
+    assert!(calls.iter().all(|c| c.endpoint == Endpoint::Embeddings));
+    let summary: Vec<_> = calls
+        .iter()
+        .map(|c| (c.seq, c.prompt.as_str(), c.outcome, c.status))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (1, "held", CallOutcome::Completed, Some(200)),
+            (2, "refused", CallOutcome::Failed, Some(503)),
+            (3, "limited", CallOutcome::Failed, Some(429)),
+        ]
+    );
+    assert_eq!(calls[0].model.as_deref(), Some("e"));
+    assert!(!calls[0].stream);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn stats_and_the_call_log_tell_embeddings_from_chat() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    assert_eq!(post(&client, &server, &chat("chat")).await.status(), 200);
+    let three = json!({"input": ["a", "b", "c"], "user": "beta"});
+    assert_eq!(embed(&client, &server, &three).await.status(), 200);
+    assert_eq!(
+        embed(&client, &server, &json!({"input": "d"}))
+            .await
+            .status(),
+        200
+    );
+    let stats = server.stats();
+    assert_eq!(
+        (stats.calls, stats.embedding_calls, stats.embedding_items),
+        (3, 2, 4)
+    );
+    assert_eq!(stats.completed, 3);
+    let endpoints: Vec<Endpoint> = stats.last_requests.iter().map(|r| r.endpoint).collect();
+    assert_eq!(
+        endpoints,
+        [
+            Endpoint::ChatCompletions,
+            Endpoint::Embeddings,
+            Endpoint::Embeddings
+        ]
+    );
+    assert_eq!(stats.last_requests[1].body, three);
+
+    let over_http: Value = client
+        .get(format!("http://{}/_mock/calls", server.addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(over_http[0]["endpoint"], "chat_completions");
+    assert_eq!(over_http[1]["endpoint"], "embeddings");
+    assert_eq!(over_http[1]["prompt"], "a");
+    assert_eq!(over_http[1]["user"], "beta");
+    let stats_over_http: Value = client
+        .get(format!("http://{}/_mock/stats", server.addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats_over_http["embedding_items"], 4);
+
+    let stats: Stats =
+        serde_json::from_value(control(&client, &server, "reset", json!({})).await).unwrap();
+    assert_eq!(
+        (stats.calls, stats.embedding_calls, stats.embedding_items),
+        (0, 0, 0)
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn embeddings_garbage_is_a_200_that_is_no_embeddings_list() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let request = json!({"input": ["one", "two"]});
+    let answer = |kind: Option<Garbage>| {
+        server.set_behaviour(Behaviour {
+            garbage: kind,
+            ..Behaviour::default()
+        });
+        let client = client.clone();
+        let url = format!("{}/embeddings", server.base_url());
+        let request = request.clone();
+        async move {
+            let response = client.post(url).json(&request).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            let kind = response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            (kind, response.text().await.unwrap())
+        }
+    };
+    let (_, whole) = answer(None).await;
+
+    let (kind, body) = answer(Some(Garbage::NotJson)).await;
+    assert!(kind.starts_with("text/html"), "{kind}");
+    assert!(serde_json::from_str::<Value>(&body).is_err());
+    let (_, body) = answer(Some(Garbage::Truncated)).await;
+    assert!(whole.starts_with(&body) && body.len() == whole.len() / 2);
+    assert!(serde_json::from_str::<Value>(&body).is_err());
+    assert_eq!(answer(Some(Garbage::Empty)).await.1, "");
+    for kind in [Garbage::ErrorObject, Garbage::StreamError] {
+        let (_, body) = answer(Some(kind)).await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["type"], "server_error", "{kind:?}");
+    }
+    let (_, body) = answer(Some(Garbage::EmptyChoices)).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((&v["object"], &v["data"]), (&json!("list"), &json!([])));
+    let (kind, body) = answer(Some(Garbage::StreamWithoutDone)).await;
+    assert_eq!(kind, "text/event-stream");
+    assert_eq!(body, format!("data: {whole}\n\n"));
+
+    let calls = server.calls();
+    assert_eq!(calls[0].outcome, CallOutcome::Completed);
+    assert!(calls[1..].iter().all(|c| c.outcome == CallOutcome::Garbage));
+    server.shutdown().await;
+}
+
+#[test]
+fn the_embedding_derivation_is_the_documented_one() {
+    // The first component of "a" in 2 dimensions, computed by hand from the
+    // derivation the module documents (the same one the SDK check redoes).
+    use sha2::{Digest, Sha256};
+    let seed = Sha256::new()
+        .chain_update(b"idem mock embedding\n")
+        .chain_update(2u64.to_le_bytes())
+        .chain_update(b"sa")
+        .finalize();
+    let block = Sha256::new()
+        .chain_update(seed)
+        .chain_update(0u64.to_le_bytes())
+        .finalize();
+    let unit = |i: usize| {
+        let u = u32::from_le_bytes([block[i], block[i + 1], block[i + 2], block[i + 3]]);
+        f64::from(u) / f64::from(u32::MAX) * 2.0 - 1.0
+    };
+    let (x, y) = (unit(0), unit(4));
+    let norm = (x * x + y * y).sqrt();
+    assert_eq!(
+        embedding_of(&json!("a"), 2),
+        vec![(x / norm) as f32, (y / norm) as f32]
+    );
+}

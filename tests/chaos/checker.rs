@@ -752,6 +752,7 @@ mod tests {
     //! The checker checked: a clean history passes, and each hand-made
     //! violation is flagged by its rule.
 
+    use idem::mock_upstream::Endpoint;
     use serde_json::json;
 
     use super::*;
@@ -768,6 +769,7 @@ mod tests {
     fn call(seq: u64, at: i64, user: &str, prompt: &str, model: &str) -> CallRecord {
         CallRecord {
             seq,
+            endpoint: Endpoint::ChatCompletions,
             at_ms: at,
             done_ms: Some(at + 50),
             model: Some(model.into()),
