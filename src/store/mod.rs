@@ -1,6 +1,7 @@
 //! Durable storage of jobs, attempts and certifications, behind one trait
 //! with two implementations: SQLite (the embedded default, WAL) and
 //! PostgreSQL (several replicas). Both run the same test suite.
+//! Both also run the same SQL: it is written once, in `sql.rs`.
 //!
 //! The rules that must hold under concurrency live here, in SQL, not in
 //! Rust read-then-write sequences: `(tenant, idempotency_key)` is UNIQUE and
@@ -14,6 +15,7 @@
 
 pub mod postgres;
 mod rows;
+mod sql;
 pub mod sqlite;
 #[cfg(test)]
 mod tests;
