@@ -21,7 +21,6 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::config::RouteCache;
-use crate::providers::CallError;
 use crate::sse::SseError;
 
 /// An OpenAI error object, `{"error": {"message", "type", "code",
@@ -177,21 +176,6 @@ impl Answer {
             cache_ttl: None,
             rendered: Default::default(),
         }
-    }
-
-    pub fn from_call_error(e: &CallError, provider: Arc<str>, model: Arc<str>) -> Answer {
-        let failure = match e {
-            CallError::Connect { .. } => Failure::Connect,
-            CallError::Timeout { .. } => Failure::Timeout,
-            CallError::Broken { .. } => Failure::Broken,
-        };
-        // The client sees which provider failed and how, never addresses.
-        let message = match failure {
-            Failure::Connect => format!("provider {provider} is unreachable"),
-            Failure::Timeout => format!("provider {provider} did not answer in time"),
-            _ => format!("the connection to provider {provider} was lost"),
-        };
-        Answer::from_failure(failure, &message, provider, model)
     }
 
     pub fn is_success(&self) -> bool {

@@ -67,7 +67,7 @@ impl App {
         let providers = Providers::from_config(&config)?;
         let metrics = Arc::new(Metrics::new(&config));
         let routes = Routes::from_config(&config, &providers, &metrics)?;
-        if let Err(e) = crate::contracts::registry::refresh(&*store, &routes).await {
+        if let Err(e) = crate::certification::registry::refresh(&*store, &routes).await {
             tracing::warn!(error = %e, "cannot read certifications: no fallback counts as certified yet");
         }
         let cache = Arc::new(ResultCache::new(
@@ -159,7 +159,8 @@ impl App {
         let (app, stop_refresh) = (state.clone(), stop.clone());
         tracker.spawn(async move {
             let every = app.config.contracts.refresh_interval;
-            crate::contracts::registry::run(&*app.store, &app.routes, every, stop_refresh).await;
+            crate::certification::registry::run(&*app.store, &app.routes, every, stop_refresh)
+                .await;
         });
 
         let addr = listener.local_addr()?;

@@ -156,7 +156,7 @@ pub async fn certify(
     let config = Config::load(config)?;
     let (store, routes) = offline(&config).await?;
     let reports =
-        crate::contracts::certify::certify(&*store, &config, &routes, route, target).await?;
+        crate::certification::certify::certify(&*store, &config, &routes, route, target).await?;
     for r in &reports {
         print!("{}", r.render_text());
     }
@@ -181,7 +181,7 @@ pub async fn routes(config: Option<&Path>) -> anyhow::Result<()> {
         p.api_key_env = None;
     }
     let (store, routes) = offline(&config).await?;
-    crate::contracts::registry::refresh(&*store, &routes).await?;
+    crate::certification::registry::refresh(&*store, &routes).await?;
     for r in crate::http::admin::routes_view(&routes, false) {
         print!("{}", routes_text(&r));
     }

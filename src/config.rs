@@ -881,7 +881,7 @@ impl Config {
                 return Err(self.invalid(format!("providers[{p}].name"), "duplicate provider name"));
             }
             if provider.kind == ProviderKind::Openai
-                && let Err(reason) = crate::providers::chat_url(&provider.base_url)
+                && let Err(reason) = chat_url(&provider.base_url)
             {
                 return Err(self.invalid(format!("providers[{p}].base_url"), reason));
             }
@@ -1101,9 +1101,33 @@ fn describe_figment_error(e: figment::Error) -> String {
         .join("; ")
 }
 
+/// The chat completions URL under an OpenAI-compatible `base_url`.
+pub fn chat_url(base_url: &str) -> Result<reqwest::Url, String> {
+    let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
+    let parsed = reqwest::Url::parse(&url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    match parsed.scheme() {
+        "http" | "https" => Ok(parsed),
+        _ => Err(format!(
+            "{url:?}: an openai provider needs an http:// or https:// base_url"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_chat_url_is_joined_once_whatever_the_trailing_slash() {
+        for base in ["http://127.0.0.1:9001/v1", "http://127.0.0.1:9001/v1/"] {
+            let url = chat_url(base).unwrap();
+            assert_eq!(url.as_str(), "http://127.0.0.1:9001/v1/chat/completions");
+        }
+        let err = chat_url("http://exa mple.com").unwrap_err();
+        assert!(err.contains("not a URL"), "{err}");
+        let err = chat_url("file:///v1").unwrap_err();
+        assert!(err.contains("http:// or https://"), "{err}");
+    }
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::from_toml_str(text, Source::File("test.toml".into()), false)

@@ -17,8 +17,9 @@
 //! - [`providers`]: the upstream call itself (and each target's circuit
 //!   breaker); [`answer`] is what it yields, and [`sse`] converts it between
 //!   streamed and plain form;
-//! - [`contracts`]: what a route's answers must satisfy, certification, and
-//!   the rule that sends failover only to certified targets.
+//! - [`contracts`]: what a route's answers must satisfy; [`certification`]:
+//!   running a contract's cases against targets, and the rule that sends
+//!   failover only to certified targets.
 //!
 //! Around them: [`config`], [`metrics`], the request log ([`reqlog`]),
 //! [`app`] (start-up and shutdown), [`cli`], the [`demo`], [`analyze`] (what
@@ -34,6 +35,7 @@ pub mod analyze;
 pub mod answer;
 pub mod app;
 pub mod cache;
+pub mod certification;
 pub mod cli;
 pub mod config;
 pub mod contracts;
@@ -61,6 +63,7 @@ mod layout {
         "analyze",
         "answer",
         "cache",
+        "certification",
         "config",
         "contracts",
         "fingerprint",
@@ -111,5 +114,85 @@ mod layout {
             }
         }
         assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+    }
+
+    /// The top-level modules and the others each one's code names
+    /// (`crate::<module>` outside comments and tests).
+    fn dependencies() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut modules = std::collections::BTreeMap::new();
+        let mut entries: Vec<_> = std::fs::read_dir(&src)
+            .unwrap_or_else(|e| panic!("{}: {e}", src.display()))
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            let name = match path.file_stem().and_then(|n| n.to_str()) {
+                Some(n) if path.is_dir() || path.extension().is_some_and(|e| e == "rs") => n,
+                _ => continue,
+            };
+            if name == "lib" || name == "main" {
+                continue;
+            }
+            let mut files = Vec::new();
+            sources(&path, &mut files);
+            modules.insert(name.to_string(), files);
+        }
+        let names: std::collections::BTreeSet<String> = modules.keys().cloned().collect();
+        let mut graph = std::collections::BTreeMap::new();
+        for (name, files) in &modules {
+            let mut uses = std::collections::BTreeSet::new();
+            for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+                let text = std::fs::read_to_string(f).unwrap_or_default();
+                let code = text.split("#[cfg(test)]\nmod ").next().unwrap_or_default();
+                for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                    for (at, _) in line.match_indices("crate::") {
+                        let used: String = line[at + 7..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        if used != *name && names.contains(&used) {
+                            uses.insert(used);
+                        }
+                    }
+                }
+            }
+            graph.insert(name.clone(), uses);
+        }
+        graph
+    }
+
+    /// No two top-level modules depend on each other, however indirectly:
+    /// the layers can be read from the bottom up.
+    #[test]
+    fn no_import_circle_between_top_level_modules() {
+        let graph = dependencies();
+        assert!(graph.contains_key("flight") && graph["http"].contains("flight"));
+        // Depth-first, keeping the path: a module met again on its own path
+        // closes a circle.
+        fn visit(
+            m: &str,
+            graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+            path: &mut Vec<String>,
+            done: &mut std::collections::BTreeSet<String>,
+        ) {
+            if let Some(at) = path.iter().position(|p| p == m) {
+                panic!("import circle: {} -> {m}", path[at..].join(" -> "));
+            }
+            if done.contains(m) {
+                return;
+            }
+            path.push(m.to_string());
+            for next in &graph[m] {
+                visit(next, graph, path, done);
+            }
+            path.pop();
+            done.insert(m.to_string());
+        }
+        let mut done = std::collections::BTreeSet::new();
+        for m in graph.keys() {
+            visit(m, &graph, &mut Vec::new(), &mut done);
+        }
     }
 }

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::config::{Config, MaxWait, RouteConfig, TargetConfig};
-use crate::contracts::registry::CertSlot;
+use crate::contracts::CertSlot;
 use crate::contracts::{Contract, ContractError};
 use crate::metrics::Metrics;
 use crate::providers::breaker::Breaker;

@@ -11,25 +11,22 @@
 //!
 //! The pieces: [`check`] validates one answer (run time and certification);
 //! [`tokens`] counts prompt tokens where a target's tokenizer is known;
-//! [`certify`] runs the golden cases against a target directly through its
-//! provider and records the outcome; [`registry`] keeps each target's latest
-//! certification in memory for the request path; [`failover`] is the one rule
-//! the executor and the coalescer ask before sending work to a target.
+//! [`CertSlot`] holds a target's latest certification. Running the golden
+//! cases against targets, keeping the slots fresh and the failover rule are
+//! [`crate::certification`]'s: it works on routes, which hold contracts.
 
-pub mod certify;
 pub mod check;
-pub mod failover;
-pub mod registry;
 pub mod tokens;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::answer::{Answer, Failure};
+use crate::store::Certification;
 
 pub use check::Violation;
 
@@ -383,6 +380,42 @@ pub fn load_all(
     Ok(out)
 }
 
+/// A target's latest certification for its route (any contract hash).
+#[derive(Debug, Default)]
+pub struct CertSlot(RwLock<Option<Certification>>);
+
+impl CertSlot {
+    /// Keeps the newer of the held and the offered certification. Two
+    /// refreshes may overlap (the periodic one and an admin certify's); a
+    /// read that started before a certification was written must not put
+    /// the older state back.
+    pub fn set(&self, c: Option<Certification>) {
+        // A poisoned lock still holds a whole value.
+        let mut held = self.0.write().unwrap_or_else(|p| p.into_inner());
+        let newer = match (&*held, &c) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(old), Some(new)) => new.certified_at >= old.certified_at,
+        };
+        if newer {
+            *held = c;
+        }
+    }
+
+    pub fn get(&self) -> Option<Certification> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Passed, for exactly this contract hash.
+    pub fn valid_for(&self, hash: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|c| c.passed && c.contract_hash == hash)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,5 +587,29 @@ expect = { category = "delivery" }
         let prose = enforce(&c, "r", answer("Sure! Your order is on its way."));
         assert_eq!(prose.failure, Some(Failure::Contract));
         let _ = std::fs::remove_dir_all(d);
+    }
+
+    fn certification(at: i64, passed: bool) -> Certification {
+        Certification {
+            route: "bot".into(),
+            provider: "fallback".into(),
+            model: "m".into(),
+            contract_hash: "c1:x".into(),
+            passed,
+            failures: "[]".into(),
+            certified_at: at,
+        }
+    }
+
+    #[test]
+    fn a_stale_refresh_never_puts_an_older_state_back() {
+        let slot = CertSlot::default();
+        slot.set(Some(certification(2, true)));
+        // A refresh that read the store before that certification was written.
+        slot.set(None);
+        slot.set(Some(certification(1, false)));
+        assert!(slot.valid_for("c1:x"));
+        slot.set(Some(certification(3, false)));
+        assert!(!slot.valid_for("c1:x"));
     }
 }

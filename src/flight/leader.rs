@@ -434,7 +434,7 @@ async fn call(job: &LeaderJob, flight: &Flight, progress: &Progress) -> Answer {
         Err(e) => {
             metrics.upstream_call(tenant, &provider.name, 0);
             tracing::warn!(route = %route.name, provider = %provider.name, error = %e, "upstream call failed");
-            return Answer::from_call_error(&e, provider.name.clone(), t.model.clone());
+            return e.answer(provider.name.clone(), t.model.clone());
         }
     };
     progress.mark();
@@ -501,7 +501,7 @@ async fn call(job: &LeaderJob, flight: &Flight, progress: &Progress) -> Answer {
             }
             Err(e) => {
                 tracing::warn!(route = %route.name, provider = %provider.name, error = %e, "upstream body broke off");
-                return Answer::from_call_error(&e, provider.name.clone(), t.model.clone());
+                return e.answer(provider.name.clone(), t.model.clone());
             }
         }
     }

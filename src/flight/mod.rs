@@ -25,8 +25,8 @@ use serde_json::{Map, Value};
 
 use crate::answer::{Answer, Verdict};
 use crate::cache::{Lookup, ResultCache};
+use crate::certification::failover;
 use crate::config::OnWaitTimeout;
-use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Metrics, Outcome};
 use crate::routes::{Route, Target};

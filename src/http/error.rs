@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::contracts::failover::NoTarget;
+use crate::certification::failover::NoTarget;
 use crate::flight::FlightError;
 use crate::jobs::JobError;
 use crate::metrics::Refusal;

@@ -92,7 +92,7 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
             Ok(Json(json!({
                 "object": "stats",
                 "tenant": t.as_ref(),
-                "at": crate::jobs::rfc3339(now),
+                "at": crate::store::rfc3339(now),
                 "coalescing": app.metrics.stats(Some(t)),
                 "jobs": jobs,
                 "unreadable": unreadable,
@@ -111,7 +111,7 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
             let unknown = readable("unknown_attempts", unknown, &mut unreadable);
             Ok(Json(json!({
                 "object": "stats",
-                "at": crate::jobs::rfc3339(now),
+                "at": crate::store::rfc3339(now),
                 "coalescing": app.metrics.stats(None),
                 "tenants": tenants,
                 "jobs": jobs,

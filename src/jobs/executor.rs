@@ -38,8 +38,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::answer::{Answer, Verdict};
+use crate::certification::failover;
 use crate::config::RouteAttempts;
-use crate::contracts::failover;
 use crate::fingerprint::Fingerprint;
 use crate::flight::{Ask, FlightError, RequestBody, Source};
 use crate::jobs::Env;

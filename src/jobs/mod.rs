@@ -26,7 +26,7 @@ use crate::flight::Coalescer;
 use crate::metrics::Metrics;
 use crate::routes::{Route, Routes};
 use crate::store::{
-    AttemptRecord, Created, JobRecord, JobState, NewJob, Store, StoreError, now_ms,
+    AttemptRecord, Created, JobRecord, JobState, NewJob, Store, StoreError, now_ms, rfc3339,
 };
 
 /// Why the job subsystem could not do what was asked. The HTTP layer
@@ -220,15 +220,6 @@ pub fn job_answer(job: &JobRecord, route: &Route) -> Answer {
         cache_ttl: None,
         rendered: Default::default(),
     }
-}
-
-/// RFC 3339 text of a millisecond timestamp.
-pub fn rfc3339(ms: i64) -> String {
-    // humantime formats years up to 9999; clamp rather than fail.
-    const MAX_MS: u64 = 253_402_300_799_999;
-    let ms = u64::try_from(ms).unwrap_or(0).min(MAX_MS);
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
-    humantime::format_rfc3339_millis(t).to_string()
 }
 
 /// A job as the API shows it (SPEC section 5: the field names are part of

@@ -23,7 +23,8 @@ use reqwest::StatusCode;
 use reqwest::header::{self, HeaderValue};
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::config::{Config, ProviderConfig, ProviderKind};
+use crate::answer::{Answer, Failure};
+use crate::config::{Config, ProviderConfig, ProviderKind, chat_url};
 
 /// A body as it arrives from the provider, chunk by chunk.
 pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, CallError>> + Send>>;
@@ -54,6 +55,22 @@ impl CallError {
     /// True when the provider certainly did not do the work.
     pub fn definitely_not_done(&self) -> bool {
         matches!(self, CallError::Connect { .. })
+    }
+
+    /// The answer idem writes for this failure of `provider`'s `model`.
+    pub fn answer(&self, provider: Arc<str>, model: Arc<str>) -> Answer {
+        let failure = match self {
+            CallError::Connect { .. } => Failure::Connect,
+            CallError::Timeout { .. } => Failure::Timeout,
+            CallError::Broken { .. } => Failure::Broken,
+        };
+        // The client sees which provider failed and how, never addresses.
+        let message = match failure {
+            Failure::Connect => format!("provider {provider} is unreachable"),
+            Failure::Timeout => format!("provider {provider} did not answer in time"),
+            _ => format!("the connection to provider {provider} was lost"),
+        };
+        Answer::from_failure(failure, &message, provider, model)
     }
 }
 
@@ -100,18 +117,6 @@ enum Upstream {
     /// The chat completions URL of an OpenAI-compatible provider, parsed
     /// once at start-up rather than on every call.
     Http(reqwest::Url),
-}
-
-/// The chat completions URL under an OpenAI-compatible `base_url`.
-pub fn chat_url(base_url: &str) -> Result<reqwest::Url, String> {
-    let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
-    let parsed = reqwest::Url::parse(&url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
-    match parsed.scheme() {
-        "http" | "https" => Ok(parsed),
-        _ => Err(format!(
-            "{url:?}: an openai provider needs an http:// or https:// base_url"
-        )),
-    }
 }
 
 /// True when `Authorization: Bearer <key>` is a valid header value.
@@ -386,18 +391,6 @@ impl Providers {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_chat_url_is_joined_once_whatever_the_trailing_slash() {
-        for base in ["http://127.0.0.1:9001/v1", "http://127.0.0.1:9001/v1/"] {
-            let url = chat_url(base).unwrap();
-            assert_eq!(url.as_str(), "http://127.0.0.1:9001/v1/chat/completions");
-        }
-        let err = chat_url("http://exa mple.com").unwrap_err();
-        assert!(err.contains("not a URL"), "{err}");
-        let err = chat_url("file:///v1").unwrap_err();
-        assert!(err.contains("http:// or https://"), "{err}");
-    }
 
     #[test]
     fn a_key_with_a_line_break_cannot_be_a_bearer_token() {

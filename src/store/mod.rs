@@ -488,6 +488,15 @@ pub fn now_ms() -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// RFC 3339 text of a millisecond timestamp.
+pub fn rfc3339(ms: i64) -> String {
+    // humantime formats years up to 9999; clamp rather than fail.
+    const MAX_MS: u64 = 253_402_300_799_999;
+    let ms = u64::try_from(ms).unwrap_or(0).min(MAX_MS);
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
 #[cfg(test)]
 mod error_tests {
     use super::transient_code;

@@ -15,9 +15,9 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::tokens::ModelLimits;
-use super::{Case, Contract, Violation};
 use crate::config::Config;
+use crate::contracts::tokens::ModelLimits;
+use crate::contracts::{Case, Contract, Violation};
 use crate::providers::CallError;
 use crate::routes::{Route, Routes, Target};
 use crate::store::{Certification, Store, StoreError, now_ms};
@@ -254,7 +254,7 @@ pub async fn certify_target(
         contract: contract.path.display().to_string(),
         contract_hash: contract.hash.clone(),
         passed: cases.iter().all(|c| c.passed),
-        certified_at: crate::jobs::rfc3339(at),
+        certified_at: crate::store::rfc3339(at),
         tokenizer: limits.tokenizer.clone(),
         context_window: limits.context_window,
         context_window_source: limits.window_source,
@@ -421,7 +421,7 @@ impl Report {
             out,
             "  contract  {} ({})",
             self.contract,
-            super::short_hash(&self.contract_hash)
+            crate::contracts::short_hash(&self.contract_hash)
         );
         let _ = writeln!(
             out,

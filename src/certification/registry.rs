@@ -10,48 +10,11 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use std::sync::RwLock;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::routes::Routes;
 use crate::store::{Certification, Store, StoreError};
-
-/// A target's latest certification for its route (any contract hash).
-#[derive(Debug, Default)]
-pub struct CertSlot(RwLock<Option<Certification>>);
-
-impl CertSlot {
-    /// Keeps the newer of the held and the offered certification. Two
-    /// refreshes may overlap (the periodic one and an admin certify's); a
-    /// read that started before a certification was written must not put
-    /// the older state back.
-    pub fn set(&self, c: Option<Certification>) {
-        // A poisoned lock still holds a whole value.
-        let mut held = self.0.write().unwrap_or_else(|p| p.into_inner());
-        let newer = match (&*held, &c) {
-            (_, None) => false,
-            (None, Some(_)) => true,
-            (Some(old), Some(new)) => new.certified_at >= old.certified_at,
-        };
-        if newer {
-            *held = c;
-        }
-    }
-
-    pub fn get(&self) -> Option<Certification> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Passed, for exactly this contract hash.
-    pub fn valid_for(&self, hash: &str) -> bool {
-        self.0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .is_some_and(|c| c.passed && c.contract_hash == hash)
-    }
-}
 
 /// A target's certification state for the route's current contract.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -82,7 +45,7 @@ impl CertView {
         CertView {
             state,
             contract_hash: Some(c.contract_hash.clone()),
-            certified_at: Some(crate::jobs::rfc3339(c.certified_at)),
+            certified_at: Some(crate::store::rfc3339(c.certified_at)),
             failures: serde_json::from_str(&c.failures).unwrap_or(Value::Array(vec![])),
         }
     }
@@ -116,34 +79,5 @@ pub async fn run(store: &dyn Store, routes: &Routes, every: Duration, stop: Canc
         if let Err(e) = refresh(store, routes).await {
             tracing::warn!(error = %e, "cannot refresh certifications; keeping the last known");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cert(at: i64, passed: bool) -> Certification {
-        Certification {
-            route: "bot".into(),
-            provider: "fallback".into(),
-            model: "m".into(),
-            contract_hash: "c1:x".into(),
-            passed,
-            failures: "[]".into(),
-            certified_at: at,
-        }
-    }
-
-    #[test]
-    fn a_stale_refresh_never_puts_an_older_state_back() {
-        let slot = CertSlot::default();
-        slot.set(Some(cert(2, true)));
-        // A refresh that read the store before that certification was written.
-        slot.set(None);
-        slot.set(Some(cert(1, false)));
-        assert!(slot.valid_for("c1:x"));
-        slot.set(Some(cert(3, false)));
-        assert!(!slot.valid_for("c1:x"));
     }
 }

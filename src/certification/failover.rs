@@ -48,7 +48,7 @@ impl fmt::Display for Skipped {
             Skip::Uncertified { contract } => write!(
                 f,
                 "failover to {p}/{m} blocked: not certified for the route's contract {}",
-                super::short_hash(contract)
+                crate::contracts::short_hash(contract)
             ),
             Skip::CircuitOpen { retry_in } => write!(
                 f,
@@ -119,7 +119,7 @@ pub fn admit(metrics: &Metrics, route: &Route, target: &Target) -> Result<(), Sk
             route = %route.name,
             provider = %target.provider.name,
             model = %target.model,
-            contract = super::short_hash(&contract),
+            contract = crate::contracts::short_hash(&contract),
             "failover blocked: the target is not certified for the route's contract"
         );
         return Err(skipped(Skip::Uncertified { contract }));
