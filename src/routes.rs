@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 use crate::config::{Config, MaxWait, RouteConfig, TargetConfig};
 use crate::contracts::CertSlot;
 use crate::contracts::{Contract, ContractError};
+use crate::fingerprint::Rules;
 use crate::metrics::Metrics;
 use crate::providers::breaker::Breaker;
 use crate::providers::{Provider, Providers};
@@ -97,6 +98,20 @@ impl Route {
 
     pub fn target_configs(&self) -> &[TargetConfig] {
         &self.config.targets
+    }
+
+    /// What counts as the same task on this route for `tenant`: the one
+    /// place the fingerprint's rules are built from a route.
+    pub fn rules<'a>(&'a self, tenant: &'a str) -> Rules<'a> {
+        Rules {
+            tenant,
+            route: &self.name,
+            targets: self.target_configs(),
+            normalize: self.config.normalize,
+            scope: self.config.scope,
+            ignore_fields: &self.config.ignore_fields,
+            contract: self.contract.as_ref().map(|c| c.hash.as_str()),
+        }
     }
 }
 

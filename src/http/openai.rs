@@ -29,7 +29,7 @@ use super::error::ApiError;
 use super::validate::{self, ChatRequest};
 use super::{AppState, Caller};
 use crate::answer::{Answer, Form};
-use crate::fingerprint::{self, Fingerprint, Rules};
+use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{Ask, Delivery, Flight, RequestBody, Source};
 use crate::metrics::Outcome;
 use crate::reqlog::Entry;
@@ -328,16 +328,7 @@ pub fn fingerprint_of(
     headers: &HeaderMap,
 ) -> Fingerprint {
     let user = headers.get(IDEM_USER).and_then(|v| v.to_str().ok());
-    let rules = Rules {
-        tenant,
-        route: &route.name,
-        targets: route.target_configs(),
-        normalize: route.config.normalize,
-        scope: route.config.scope,
-        ignore_fields: &route.config.ignore_fields,
-        contract: route.contract.as_ref().map(|c| c.hash.as_str()),
-    };
-    fingerprint::fingerprint(&req.body, user, &rules)
+    fingerprint::fingerprint(&req.body, user, &route.rules(tenant))
 }
 
 /// What `Cache-Control` allows for this request.

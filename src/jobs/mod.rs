@@ -68,14 +68,11 @@ pub fn payload_hash(
     request: &Map<String, Value>,
     metadata: Option<&Value>,
 ) -> String {
+    // Without text normalization: "Refund order 45" and "refund order 45"
+    // may share an answer, never a job.
     let rules = Rules {
-        tenant,
-        route: &route.name,
-        targets: route.target_configs(),
         normalize: crate::config::Normalize::None,
-        scope: route.config.scope,
-        ignore_fields: &route.config.ignore_fields,
-        contract: route.contract.as_ref().map(|c| c.hash.as_str()),
+        ..route.rules(tenant)
     };
     let fp = fingerprint::fingerprint(request, None, &rules);
     let mut hasher = blake3::Hasher::new();
