@@ -29,7 +29,7 @@
 //! Only [`http`] (and the start-up around it) knows HTTP: the modules below
 //! it return errors of their own (`FlightError`, `JobError`, `StoreError`,
 //! ...), which `http::error` turns into OpenAI error objects; a unit test
-//! (`layout`) keeps them free of `crate::http` and axum.
+//! (`layout`) keeps them free of the HTTP layer and its framework.
 
 pub mod analyze;
 pub mod answer;
@@ -57,8 +57,8 @@ pub mod tenants;
 mod layout {
     use std::path::Path;
 
-    /// The modules below the HTTP layer: they know neither `crate::http` nor
-    /// axum, so that every face (HTTP today) is an adapter around them.
+    /// The modules below the HTTP layer: they know neither it nor its
+    /// framework, so that every face (HTTP today) is an adapter around them.
     const CORE: &[&str] = &[
         "analyze",
         "answer",
@@ -96,6 +96,8 @@ mod layout {
 
     #[test]
     fn the_core_knows_no_http() {
+        // Spelled in pieces, so that this file does not name them itself.
+        let forbidden = [["crate", "http"].join("::"), ["ax", "um"].concat()];
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut offenders = Vec::new();
         for module in CORE {
@@ -107,7 +109,7 @@ mod layout {
             for f in files {
                 let text = std::fs::read_to_string(&f).unwrap_or_default();
                 for (n, line) in text.lines().enumerate() {
-                    if line.contains("crate::http") || line.contains("axum") {
+                    if forbidden.iter().any(|f| line.contains(f.as_str())) {
                         offenders.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
                     }
                 }
