@@ -386,7 +386,8 @@ pub fn with_usage(stream: &[u8], completion: &Value) -> Option<Bytes> {
 ///
 /// The stream is complete but may have been received in arbitrary pieces;
 /// it has `data:` lines, optional `event:`/`id:`/comment lines, CRLF or LF,
-/// and ends with `data: [DONE]`. The result has `id`, `object`, `created`,
+/// and ends with `data: [DONE]`; one without it, or with a choice that
+/// never got a `finish_reason`, is [`SseError::Truncated`]. The result has `id`, `object`, `created`,
 /// `model`, `system_fingerprint`, `service_tier` (if the stream has one),
 /// `choices` ordered by index, and `usage` (from the chunk that carries it,
 /// else null). Each choice has `index`, `finish_reason`, `logprobs` (the
@@ -564,12 +565,15 @@ impl Assembly {
         if self.chunks == 0 {
             return Err(SseError::Empty);
         }
-        let all_finished = !self.choices.is_empty()
-            && self
-                .choices
-                .values()
-                .all(|c| c.finish_reason.as_ref().is_some_and(|r| !r.is_null()));
-        if !done && !all_finished {
+        let all_finished = self
+            .choices
+            .values()
+            .all(|c| c.finish_reason.as_ref().is_some_and(|r| !r.is_null()));
+        // Ended as a success: every choice finished *and* `[DONE]` came.
+        // Either alone may be a stream that stopped short, and a shared
+        // answer must be whole. (A stream of no choice at all assembles into
+        // a completion without choices, which its reader refuses as such.)
+        if !done || !all_finished {
             return Err(SseError::Truncated);
         }
         let choices: Vec<Value> = self
@@ -1412,12 +1416,20 @@ mod tests {
         let cut = &TEXT_STREAM[..TEXT_STREAM.find("Zürich").unwrap()];
         let cut = &cut[..cut.rfind("\n\n").unwrap() + 2];
         assert!(matches!(assemble(cut.as_bytes()), Err(SseError::Truncated)));
-        // Finished but without [DONE] is complete.
+        // Every choice finished but no [DONE]: not ended as a success.
         let no_done = TEXT_STREAM.replace("data: [DONE]\n\n", "");
-        assert_eq!(
-            assemble(no_done.as_bytes()).unwrap(),
-            assemble(TEXT_STREAM.as_bytes()).unwrap()
-        );
+        assert!(matches!(
+            assemble(no_done.as_bytes()),
+            Err(SseError::Truncated)
+        ));
+        // [DONE], but a choice never finished.
+        let unfinished =
+            TEXT_STREAM.replace("\"finish_reason\":\"stop\"", "\"finish_reason\":null");
+        assert_ne!(unfinished, TEXT_STREAM);
+        assert!(matches!(
+            assemble(unfinished.as_bytes()),
+            Err(SseError::Truncated)
+        ));
         assert!(matches!(
             assemble(b"data: [DONE]\n\n"),
             Err(SseError::Empty)

@@ -193,8 +193,9 @@ impl Garbled {
 }
 
 /// The garbage of `kind` in place of the answer to `request`, in the form
-/// it asked for (`stream`), except [`Garbage::StreamWithoutDone`], which
-/// always streams.
+/// it asked for (`stream`), except the stream endings
+/// ([`Garbage::StreamWithoutDone`], [`Garbage::FinishedWithoutDone`],
+/// [`Garbage::DoneWithoutFinish`]), which always stream.
 pub(crate) fn garbage(
     kind: Garbage,
     request: &Value,
@@ -256,19 +257,25 @@ pub(crate) fn garbage(
                 .unwrap_or_default();
             sse(vec![empty.clone(), empty, frame("[DONE]")])
         }
-        (Garbage::StreamWithoutDone, _) => sse(chunks
-            .iter()
-            .filter(|c| {
-                serde_json::from_str::<Value>(c).is_ok_and(|c| {
-                    c["choices"].as_array().is_some_and(|choices| {
-                        choices.iter().all(|ch| ch["finish_reason"].is_null())
-                            && !choices.is_empty()
-                    })
-                })
-            })
-            .map(|c| frame(c))
+        (Garbage::StreamWithoutDone, _) => sse(unfinished(&chunks).map(frame).collect()),
+        (Garbage::DoneWithoutFinish, _) => sse(unfinished(&chunks)
+            .map(frame)
+            .chain([frame("[DONE]")])
             .collect()),
+        (Garbage::FinishedWithoutDone, _) => sse(chunks.iter().map(|c| frame(c)).collect()),
     }
+}
+
+/// The chunks of a stream that carry content and no `finish_reason` (the
+/// role and content chunks; not the finish chunk nor the usage chunk).
+fn unfinished(chunks: &[String]) -> impl Iterator<Item = &str> {
+    chunks.iter().map(String::as_str).filter(|c| {
+        serde_json::from_str::<Value>(c).is_ok_and(|c| {
+            c["choices"].as_array().is_some_and(|choices| {
+                choices.iter().all(|ch| ch["finish_reason"].is_null()) && !choices.is_empty()
+            })
+        })
+    })
 }
 
 /// The HTML error page an intermediary sends in place of a JSON answer.

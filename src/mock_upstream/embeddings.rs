@@ -296,8 +296,9 @@ pub(crate) fn answer_body(request: &EmbeddingsRequest) -> Result<String, serde_j
 
 /// The garbage of `kind` in place of the answer `body`. Embeddings do not
 /// stream: `stream_error` is the `error_object`, `empty_choices` a list with
-/// no data, `stream_without_done` the answer as one SSE event without
-/// `[DONE]` (a stream where a JSON document was due).
+/// no data, `stream_without_done` and `finished_without_done` the answer as
+/// one SSE event without `[DONE]` (a stream where a JSON document was due),
+/// `done_without_finish` that event and `[DONE]`.
 pub(crate) fn garbage(kind: Garbage, body: &str) -> Garbled {
     match kind {
         Garbage::NotJson => html_page(),
@@ -310,9 +311,15 @@ pub(crate) fn garbage(kind: Garbage, body: &str) -> Garbled {
             list["usage"] = json!({"prompt_tokens": 0, "total_tokens": 0});
             garbled_json(list.to_string())
         }
-        Garbage::StreamWithoutDone => Garbled {
+        Garbage::StreamWithoutDone | Garbage::FinishedWithoutDone => Garbled {
             content_type: "text/event-stream",
             frames: vec![bytes::Bytes::from(format!("data: {body}\n\n"))],
+        },
+        Garbage::DoneWithoutFinish => Garbled {
+            content_type: "text/event-stream",
+            frames: vec![bytes::Bytes::from(format!(
+                "data: {body}\n\ndata: [DONE]\n\n"
+            ))],
         },
     }
 }

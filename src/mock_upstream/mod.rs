@@ -87,8 +87,9 @@ pub struct Behaviour {
 /// provider or an intermediary in front of it sends one. For embeddings
 /// (which do not stream): `not_json`, `truncated`, `empty` and
 /// `error_object` alike, `stream_error` like `error_object`,
-/// `empty_choices` a list with `data: []`, `stream_without_done` the answer
-/// as one SSE event without `[DONE]`.
+/// `empty_choices` a list with `data: []`, `stream_without_done` and
+/// `finished_without_done` the answer as one SSE event without `[DONE]`,
+/// `done_without_finish` that event followed by `[DONE]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
@@ -110,6 +111,12 @@ pub enum Garbage {
     /// An SSE stream (whatever was asked) with the role and content chunks,
     /// then the end of the body: no `finish_reason`, no `[DONE]`.
     StreamWithoutDone,
+    /// An SSE stream (whatever was asked) whose every chunk came, finish
+    /// reasons included, then the end of the body without `[DONE]`.
+    FinishedWithoutDone,
+    /// An SSE stream (whatever was asked) with the role and content chunks
+    /// and `[DONE]`, but no chunk with a `finish_reason`.
+    DoneWithoutFinish,
     /// An error in the stream, as OpenAI sends one on a server error
     /// mid-stream: two chunks, then `data: {"error": ...}`, then `[DONE]`
     /// (plain: like `error_object`).

@@ -822,6 +822,25 @@ async fn each_kind_of_garbage_is_a_200_that_is_no_chat_completion() {
             assembled(&body),
             Err(crate::sse::SseError::Truncated)
         ));
+        // Every chunk with its finish reason, but no [DONE].
+        let (kind, finished) = answer_of(garbage(Garbage::FinishedWithoutDone), stream).await;
+        assert_eq!(kind, "text/event-stream");
+        assert!(
+            finished.contains("\"finish_reason\":\"stop\""),
+            "{finished}"
+        );
+        assert!(!finished.contains("[DONE]"), "{finished}");
+        // [DONE], but no finish reason.
+        let (kind, done) = answer_of(garbage(Garbage::DoneWithoutFinish), stream).await;
+        assert_eq!(kind, "text/event-stream");
+        assert!(done.ends_with("data: [DONE]\n\n"), "{done}");
+        assert!(!done.contains("\"stop\""), "{done}");
+        for body in [&finished, &done] {
+            assert!(matches!(
+                assembled(body),
+                Err(crate::sse::SseError::Truncated)
+            ));
+        }
     }
 }
 

@@ -194,6 +194,19 @@ async fn a_stream_that_ends_without_done_or_finish_reason_is_a_shared_502_bad_up
     garbage_is_a_shared_failure(Garbage::StreamWithoutDone).await;
 }
 
+/// Every chunk, finish reasons included, but the body ends without
+/// `[DONE]`: an OpenAI-compatible stream that did not end as a success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_finished_stream_without_done_is_a_shared_502_bad_upstream_answer() {
+    garbage_is_a_shared_failure(Garbage::FinishedWithoutDone).await;
+}
+
+/// `[DONE]` after content chunks of which none finished its choice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_with_done_but_no_finish_reason_is_a_shared_502_bad_upstream_answer() {
+    garbage_is_a_shared_failure(Garbage::DoneWithoutFinish).await;
+}
+
 /// Two chunks, then `data: {"error": ...}`, then `[DONE]`, as OpenAI
 /// sends a server error mid-stream: every client of the wave gets the
 /// error, the next identical stream and plain request are negative hits

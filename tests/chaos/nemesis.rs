@@ -146,7 +146,7 @@ pub async fn repair(cluster: &mut Cluster) {
 
 /// The provider phase's name for each kind of garbage, in the order of
 /// the kinds drawn in [`provider`].
-const GARBAGE_NAMES: [&str; 7] = [
+const GARBAGE_NAMES: [&str; 9] = [
     "garbage: not JSON",
     "garbage: truncated",
     "garbage: empty bodies",
@@ -154,6 +154,8 @@ const GARBAGE_NAMES: [&str; 7] = [
     "garbage: empty choices",
     "garbage: streams without [DONE]",
     "garbage: errors inside streams",
+    "garbage: finished streams without [DONE]",
+    "garbage: streams with [DONE] but no finish_reason",
 ];
 
 /// The provider phases, until `stop`.
@@ -209,6 +211,8 @@ pub async fn provider(
                     Garbage::EmptyChoices,
                     Garbage::StreamWithoutDone,
                     Garbage::StreamError,
+                    Garbage::FinishedWithoutDone,
+                    Garbage::DoneWithoutFinish,
                 ];
                 let kind = kinds[rng.random_range(0..kinds.len())];
                 (
