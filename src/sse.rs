@@ -1011,8 +1011,6 @@ fn pieces(text: &str) -> impl Iterator<Item = &str> {
 }
 
 #[cfg(test)]
-// `allow`, not `expect`: it must stay quiet once a `clippy.toml` sets
-// `allow-unwrap-in-tests`.
 mod tests {
     use super::*;
 
