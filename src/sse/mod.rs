@@ -1,0 +1,58 @@
+//! Streaming: a chat completion in its SSE form and in its plain JSON form.
+//!
+//! A flight has one upstream call but followers that may want either form
+//! (SPEC sections 2 and 4): a leader that streamed must still give a
+//! non-streaming follower, the result cache and the job store one plain
+//! `chat.completion` ([`assemble`]), and a plain answer from the cache or a
+//! non-streaming leader must reach a streaming client as a stream it cannot
+//! tell from a live one ([`synthesize`]). While a live stream is relayed,
+//! [`EventSplitter`] cuts the bytes as they arrive into whole events, so a
+//! follower joining late replays complete events, never half a line.
+//!
+//! `events` cuts the bytes into events and knows how far a live stream may
+//! be relayed, `assembly` and `synthesis` go from one form to the other,
+//! and `usage` gives each asker the usage chunk it asked for.
+
+mod assembly;
+mod events;
+mod synthesis;
+mod usage;
+
+use serde_json::Value;
+
+pub use assembly::assemble;
+pub use events::{EventSplitter, RelayPoint};
+pub use synthesis::synthesize;
+pub use usage::{has_usage_chunk, with_usage, without_usage};
+
+/// Why a byte stream could not be assembled into a completion.
+#[derive(Debug, thiserror::Error)]
+pub enum SseError {
+    /// The provider sent an error inside the stream (`data: {"error": ...}`
+    /// or an `event: error`); the value is its error object.
+    #[error("the provider reported an error in the stream")]
+    Upstream(Value),
+    /// An event's data is neither JSON nor `[DONE]`.
+    #[error("event {event} is not JSON: {source}")]
+    Json {
+        event: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An event's data is JSON but not a chunk object.
+    #[error("event {event} is not a chat completion chunk")]
+    NotAChunk { event: usize },
+    /// The stream carried no chunk at all.
+    #[error("the stream carried no chunk")]
+    Empty,
+    /// The stream stopped before `[DONE]` and before every choice had a
+    /// `finish_reason`: the answer may be cut short, so it must not be
+    /// cached or stored as a result.
+    #[error("the stream ended before [DONE] and before every choice finished")]
+    Truncated,
+}
+
+// Last, so that the layout test, which reads a file only up to its first
+// test module, sees all of the code above.
+#[cfg(test)]
+mod fixtures;
