@@ -27,6 +27,7 @@ use crate::providers::Providers;
 use crate::reqlog::RequestLog;
 use crate::routes::Routes;
 use crate::store::sqlite::ServeLock;
+use crate::task::Core;
 use crate::tenants::Keyring;
 
 /// A gateway ready to serve.
@@ -101,18 +102,22 @@ impl App {
         if let Some(dropped) = reqlog.dropped_lines() {
             metrics.watch_log_drops("file", dropped);
         }
+        let core = Core {
+            coalescer,
+            metrics: metrics.clone(),
+            reqlog: Arc::new(reqlog),
+            background: TaskTracker::new(),
+        };
         let state = AppState(Arc::new(Shared {
             config,
             keyring,
             routes,
             providers,
-            coalescer,
+            core,
             metrics,
             store,
             jobs,
             limits,
-            reqlog,
-            background: TaskTracker::new(),
         }));
         Ok(App {
             listener,
@@ -150,7 +155,7 @@ impl App {
         let stop = CancellationToken::new();
         // The workers, the reconciler, the registry and what requests leave
         // behind: one tracker, waited for within the grace.
-        let tracker = state.background.clone();
+        let tracker = state.core.background.clone();
 
         let env = state.job_env();
         reconciler::on_startup(&env).await;

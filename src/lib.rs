@@ -40,6 +40,7 @@ pub mod cli;
 pub mod config;
 pub mod contracts;
 pub mod demo;
+pub mod endpoints;
 pub mod fingerprint;
 pub mod flight;
 pub mod http;
@@ -51,6 +52,7 @@ pub mod reqlog;
 pub mod routes;
 pub mod sse;
 pub mod store;
+pub mod task;
 pub mod tenants;
 
 #[cfg(test)]
@@ -66,6 +68,7 @@ mod layout {
         "certification",
         "config",
         "contracts",
+        "endpoints",
         "fingerprint",
         "flight",
         "jobs",
@@ -75,6 +78,7 @@ mod layout {
         "routes",
         "sse",
         "store",
+        "task",
         "tenants",
     ];
 

@@ -11,9 +11,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use serde_json::{Map, Value};
-
 use crate::config::{Config, MaxWait, RouteConfig, TargetConfig};
 use crate::contracts::CertSlot;
 use crate::contracts::{Contract, ContractError};
@@ -73,27 +70,6 @@ impl Route {
                 wait + self.shared_delay
             }
         }
-    }
-
-    /// The request body for `target`: the client's body with `model` set to
-    /// the target's upstream model. A streamed call's `stream_options` are
-    /// idem's own, not the client's: they are rendering options, which each
-    /// client of a shared answer gets as it asked (see `Answer::stream_body`),
-    /// so the call asks for usage (unless the provider's `stream_usage` is
-    /// off), and nothing else. Every other field as the client sent it.
-    pub fn body_for(&self, target: &Target, request: &Map<String, Value>) -> Bytes {
-        let mut body = request.clone();
-        body.insert("model".into(), Value::String(target.model.to_string()));
-        if body.get("stream") == Some(&Value::Bool(true)) && target.provider.stream_usage {
-            body.insert(
-                "stream_options".into(),
-                serde_json::json!({"include_usage": true}),
-            );
-        } else {
-            body.remove("stream_options");
-        }
-        // Serializing a Map of Values cannot fail.
-        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
     }
 
     pub fn target_configs(&self) -> &[TargetConfig] {

@@ -365,7 +365,7 @@ async fn run_once(contract: &Contract, target: &Target, case: &Case, run: u32) -
 async fn call(target: &Target, body: Bytes) -> Result<Value, String> {
     let provider = &target.provider;
     let reply = provider
-        .send(body, provider.timeout)
+        .send(crate::providers::Endpoint::Chat, body, provider.timeout)
         .await
         .map_err(|e| describe(&e))?;
     let mut whole = BytesMut::new();

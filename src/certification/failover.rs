@@ -11,9 +11,10 @@
 //! - A target whose circuit breaker is open is skipped (not counted as a
 //!   blocked failover: it is a health decision, not a safety one).
 //!
-//! The job executor asks [`attempt_target`] and [`hedge_target`]; plain
-//! chat completions ask [`admit`] for each target as the coalescer walks the
-//! route.
+//! [`Walk`] is the one target loop: a request's failover walks the route's
+//! targets once, in order; a job's attempt `i` starts its walk at target
+//! `i` mod n and a hedge at the target after its attempt's, each taking the
+//! first target the rule admits.
 
 use std::fmt;
 use std::sync::Arc;
@@ -148,37 +149,80 @@ pub fn failover_set(route: &Route) -> Vec<usize> {
         .collect()
 }
 
-/// The target of automatic attempt number `i` (from 0): the route's targets
-/// take turns (`i` mod their number); a target that may not take the work
-/// is skipped for the next one, wrapping around.
-pub fn attempt_target(metrics: &Metrics, route: &Route, i: usize) -> Result<usize, NoTarget> {
-    let n = route.targets.len();
-    let mut skipped = Vec::new();
-    for k in 0..n {
-        let Some(t) = route.targets.get((i + k) % n.max(1)) else {
-            break;
-        };
-        match admit(metrics, route, t) {
-            Ok(()) => return Ok(t.index),
-            Err(s) => skipped.push(s),
-        }
-    }
-    Err(NoTarget(skipped))
+/// The targets of a route in the order work may go to them: `count`
+/// positions from `start`, wrapping around, each taken only if [`admit`]
+/// lets the work go there. What it passed over is kept, for the error when
+/// nothing may take the work.
+pub struct Walk<'r> {
+    route: &'r Route,
+    start: usize,
+    count: usize,
+    k: usize,
+    skipped: Vec<Skipped>,
 }
 
-/// The target of a hedge beside an attempt on `first`: the next target
-/// after it that may take the work, never `first` itself.
-pub fn hedge_target(metrics: &Metrics, route: &Route, first: usize) -> Result<usize, NoTarget> {
-    let n = route.targets.len();
-    let mut skipped = Vec::new();
-    for k in 1..n {
-        let Some(t) = route.targets.get((first + k) % n) else {
-            break;
-        };
-        match admit(metrics, route, t) {
-            Ok(()) => return Ok(t.index),
-            Err(s) => skipped.push(s),
+impl<'r> Walk<'r> {
+    fn new(route: &'r Route, start: usize, count: usize) -> Walk<'r> {
+        Walk {
+            route,
+            start,
+            count,
+            k: 0,
+            skipped: Vec::new(),
         }
     }
-    Err(NoTarget(skipped))
+
+    /// A request's failover: every target once, from the primary.
+    pub fn once(route: &'r Route) -> Walk<'r> {
+        Walk::new(route, 0, route.targets.len())
+    }
+
+    /// A job's automatic attempt number `i` (from 0): the route's targets
+    /// take turns (`i` mod their number); a target that may not take the
+    /// work is skipped for the next one, wrapping around.
+    pub fn attempt(route: &'r Route, i: usize) -> Walk<'r> {
+        let n = route.targets.len();
+        Walk::new(route, i % n.max(1), n)
+    }
+
+    /// A hedge beside an attempt on `first`: the targets after it, never
+    /// `first` itself.
+    pub fn hedge(route: &'r Route, first: usize) -> Walk<'r> {
+        let n = route.targets.len();
+        Walk::new(route, first + 1, n.saturating_sub(1))
+    }
+
+    /// The next target that may take the work now, or `None` when the walk
+    /// is over. Ask only when about to use the target: a half-open
+    /// circuit hands out its probe here.
+    pub fn next(&mut self, metrics: &Metrics) -> Option<&'r Target> {
+        let n = self.route.targets.len();
+        while self.k < self.count {
+            let t = self.route.targets.get((self.start + self.k) % n.max(1))?;
+            self.k += 1;
+            match admit(metrics, self.route, t) {
+                Ok(()) => return Some(t),
+                Err(s) => self.skipped.push(s),
+            }
+        }
+        None
+    }
+
+    /// True while positions are left to try.
+    pub fn has_more(&self) -> bool {
+        self.k < self.count
+    }
+
+    /// Why nothing (more) could take the work.
+    pub fn no_target(self) -> NoTarget {
+        NoTarget(self.skipped)
+    }
+
+    /// The first target that may take the work, or why none may.
+    pub fn first(mut self, metrics: &Metrics) -> Result<usize, NoTarget> {
+        match self.next(metrics) {
+            Some(t) => Ok(t.index),
+            None => Err(self.no_target()),
+        }
+    }
 }

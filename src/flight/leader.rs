@@ -1,17 +1,24 @@
-//! The leader task: the one upstream call of a flight, detached from the
-//! client that started it.
+//! The leader task: one upstream call for one or more flights, detached
+//! from the clients that started them.
 //!
-//! It first asks the shared layer (Redis, when configured) whether another
-//! replica already has the answer or the flight; otherwise it renews the
-//! flight's lease while it lives, relays the provider's head and body into
-//! the flight as they arrive, in whole SSE events (on a route with a
-//! contract: only once the whole answer passed it), turns an answer past
-//! the provider's size limit or a 2xx that is no chat completion into a
+//! A call usually answers one flight (a chat completion). An endpoint whose
+//! tasks can share a call (the items of an embeddings batch) hands the
+//! leader several flights at once: one call carries all of them, and its
+//! answer is split into one answer per flight by the endpoint's [`Wire`].
+//!
+//! For each flight the leader first asks the shared layer (Redis, when
+//! configured) whether another replica already has the answer or the
+//! flight; the flights nobody else answers go into the call. It renews
+//! their leases while the call lives, relays the provider's head and body
+//! into a single flight as they arrive, in whole SSE events (on a route
+//! with a contract: only once the whole answer passed it), turns an answer
+//! past the provider's size limit or a 2xx the endpoint cannot read into a
 //! failure, records the call's outcome in the target's circuit breaker,
-//! then completes the shared flight (a leader whose lease a newer one took
-//! writes nothing and hands its waiters the newer answer), writes its own
-//! replica's result (or negative) cache, and ends the flight. Its
-//! [`LeaderTicket`] is dropped on every path, which removes the flight.
+//! then, flight by flight, completes the shared flight (a leader whose
+//! lease a newer one took writes nothing and hands its waiters the newer
+//! answer), writes its own replica's result (or negative) cache, and ends
+//! the flight. Each [`LeaderTicket`] is dropped on every path, which
+//! removes its flight.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -19,24 +26,43 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
+use futures_util::future::join_all;
+use serde_json::{Map, Value};
 
 use crate::answer::{Answer, Failure, Form};
 use crate::cache::{ResultCache, jittered_ttl};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
+use crate::providers::Endpoint;
 use crate::providers::breaker::Health;
-use crate::routes::Route;
+use crate::routes::{Route, Target};
 
 use super::redis::{Begin, Completion, Lease, RedisFlights, Remote};
 use super::table::{Flight, Head, LeaderTicket, Origin};
 
+/// An endpoint's part of an upstream call: what it sends and how its
+/// answer is read. The leader knows no wire format; each endpoint (chat
+/// completions, embeddings) implements this once.
+pub trait Wire: Send + Sync + 'static {
+    /// The provider endpoint the call goes to.
+    fn endpoint(&self) -> Endpoint;
+    /// The body for `target` that carries these tasks' requests, in order:
+    /// one request, or several when tasks share a call.
+    fn body(&self, route: &Route, target: &Target, requests: &[Arc<Map<String, Value>>]) -> Bytes;
+    /// `answer` (a 2xx for `n` tasks) if it is a well-formed answer, else
+    /// the failure that replaces it (logged here, with why).
+    fn check(&self, answer: Answer, n: usize) -> Result<Answer, Box<Answer>>;
+    /// A checked answer for `n` tasks as one answer per task, in order.
+    fn split(&self, answer: Answer, n: usize) -> Vec<Answer>;
+}
+
 pub struct LeaderJob {
-    pub ticket: LeaderTicket,
+    /// The flights this call answers, each with the request its task sends.
+    pub flights: Vec<(LeaderTicket, Arc<Map<String, Value>>)>,
+    pub wire: &'static dyn Wire,
     pub tenant: Arc<str>,
     pub route: Arc<Route>,
     pub target: usize,
-    pub body: Bytes,
-    pub fp: Fingerprint,
     pub read_cache: bool,
     pub read_negative: bool,
     pub write_cache: bool,
@@ -52,8 +78,23 @@ pub struct LeaderJob {
     pub metrics: Arc<Metrics>,
 }
 
-impl LeaderJob {
-    /// Whether a cached answer may finish this flight.
+/// The part of a [`LeaderJob`] every flight of it shares.
+struct Call {
+    wire: &'static dyn Wire,
+    tenant: Arc<str>,
+    route: Arc<Route>,
+    target: usize,
+    read_cache: bool,
+    read_negative: bool,
+    write_cache: bool,
+    pinned: bool,
+    call_timeout: Duration,
+    cache: Arc<ResultCache>,
+    metrics: Arc<Metrics>,
+}
+
+impl Call {
+    /// Whether a cached answer may finish a flight of this call.
     fn may_serve(&self, answer: &Answer) -> bool {
         !self.pinned
             || self
@@ -64,58 +105,246 @@ impl LeaderJob {
     }
 }
 
+/// One flight this leader answers, with its task's request and, once it
+/// leads the shared flight too, that lease.
+struct Led {
+    ticket: LeaderTicket,
+    request: Arc<Map<String, Value>>,
+    global: Option<(Arc<RedisFlights>, Lease)>,
+}
+
+impl Led {
+    fn flight(&self) -> &Arc<Flight> {
+        &self.ticket.flight
+    }
+
+    fn fp(&self) -> Fingerprint {
+        self.ticket.flight.key.fp
+    }
+}
+
 /// How long an ended flight's answer stays readable for followers on other
 /// replicas that have not fetched it yet.
 const RESULT_TTL: Duration = Duration::from_secs(60);
 
 pub async fn lead(job: LeaderJob) {
-    let flight = job.ticket.flight.clone();
-    let cfg = &job.route.config;
+    let LeaderJob {
+        flights,
+        wire,
+        tenant,
+        route,
+        target,
+        read_cache,
+        read_negative,
+        write_cache,
+        pinned,
+        call_timeout,
+        cache,
+        shared,
+        metrics,
+    } = job;
+    let call = Call {
+        wire,
+        tenant,
+        route,
+        target,
+        read_cache,
+        read_negative,
+        write_cache,
+        pinned,
+        call_timeout,
+        cache,
+        metrics,
+    };
+    let shared = shared.get().cloned();
+    // Each flight first looks where an answer may already be (this
+    // replica's cache, then the shared layer), all at once.
+    let found = join_all(
+        flights
+            .into_iter()
+            .map(|(ticket, request)| resolve(&call, shared.clone(), ticket, request)),
+    )
+    .await;
+    let mut calling = Vec::new();
+    let mut following = Vec::new();
+    for found in found {
+        match found {
+            Resolved::Done => {}
+            Resolved::Lead(led) => calling.push(led),
+            Resolved::Follow(led, shared, generation, token) => {
+                following.push((led, shared, generation, token))
+            }
+        }
+    }
+    // Flights another replica leads are followed beside this call; one
+    // whose remote leader died is led by a call of its own.
+    let follow_all = join_all(
+        following
+            .into_iter()
+            .map(|(led, shared, generation, token)| {
+                follow_then_call(&call, led, shared, generation, token)
+            }),
+    );
+    tokio::join!(call_and_settle(&call, calling), follow_all);
+}
 
+/// Where a flight's answer will come from.
+enum Resolved {
+    /// Answered already (a cache, local or shared).
+    Done,
+    /// This replica calls the provider for it.
+    Lead(Led),
+    /// Another replica leads it, under this generation; this replica
+    /// waits with its own token.
+    Follow(Led, Arc<RedisFlights>, u64, String),
+}
+
+/// This replica's cache, then the shared layer's caches and flight.
+async fn resolve(
+    call: &Call,
+    shared: Option<Arc<RedisFlights>>,
+    ticket: LeaderTicket,
+    request: Arc<Map<String, Value>>,
+) -> Resolved {
+    let flight = ticket.flight.clone();
+    let fp = flight.key.fp;
     // A request that became leader just after the previous flight ended
     // finds that flight's answer in the cache: no second call.
-    if job.read_cache
-        && let Some(answer) = job.cache.fresh(&job.fp)
-        && job.may_serve(&answer)
+    if call.read_cache
+        && let Some(answer) = call.cache.fresh(&fp)
+        && call.may_serve(&answer)
     {
         flight.set_origin(Origin::Cache);
         flight.finish(answer);
+        return Resolved::Done;
+    }
+    let mut led = Led {
+        ticket,
+        request,
+        global: None,
+    };
+    let Some(shared) = shared else {
+        return Resolved::Lead(led);
+    };
+    let cfg = &call.route.config;
+    let lease = cfg.coalesce.lease;
+    let token = uuid::Uuid::now_v7().simple().to_string();
+    let key = flight.key;
+    let mut begin = shared
+        .begin(&key, &token, lease, call.read_cache, call.read_negative)
+        .await;
+    if let Ok(Begin::Hit(answer, _)) = &begin
+        && !call.may_serve(answer)
+    {
+        // Another target's answer: this attempt asks its own target.
+        begin = shared
+            .begin(&key, &token, lease, false, call.read_negative)
+            .await;
+    }
+    match begin {
+        Ok(Begin::Hit(answer, left)) => {
+            if left > Duration::ZERO {
+                call.cache.put(fp, answer.clone(), left, cfg);
+            }
+            flight.set_origin(Origin::Cache);
+            flight.finish(answer);
+            Resolved::Done
+        }
+        Ok(Begin::Negative(answer)) => {
+            flight.set_origin(Origin::Negative);
+            flight.finish(answer);
+            Resolved::Done
+        }
+        Ok(Begin::Lead(generation)) => {
+            led.global = Some((shared, Lease { generation, token }));
+            Resolved::Lead(led)
+        }
+        Ok(Begin::Follow(generation)) => Resolved::Follow(led, shared, generation, token),
+        Err(e) => {
+            shared.failed("begin", &e);
+            Resolved::Lead(led)
+        }
+    }
+}
+
+/// Follows another replica's flight; if its leader died and this replica
+/// took the flight over, or Redis failed, calls the provider for it.
+async fn follow_then_call(
+    call: &Call,
+    mut led: Led,
+    shared: Arc<RedisFlights>,
+    awaited: u64,
+    token: String,
+) {
+    match follow_remote(call, led.flight(), &shared, awaited, &token).await {
+        Followed::Answer(answer) => {
+            led.flight().set_origin(Origin::Remote);
+            led.flight().finish(answer);
+        }
+        Followed::Lead(lease) => {
+            tracing::warn!(fp = %led.fp(), "the leading replica's lease expired; taking the flight over");
+            led.global = Some((shared, lease));
+            call_and_settle(call, vec![led]).await;
+        }
+        Followed::Local => call_and_settle(call, vec![led]).await,
+    }
+}
+
+/// Calls the provider for `led` (one call for all of them), then settles
+/// each flight with its part of the answer.
+async fn call_and_settle(call: &Call, led: Vec<Led>) {
+    if led.is_empty() {
         return;
     }
-
-    let mut global = match job.shared.get().cloned() {
-        Some(shared) => match share(&job, &flight, shared).await {
-            Shared::Done => return,
-            Shared::Lead(shared, lease) => Some((shared, lease)),
-            Shared::Local => None,
-        },
-        None => None,
-    };
-
     let progress = Progress::new();
-    let call = call(&job, &flight, &progress);
     let mut answer = tokio::select! {
-        a = call => a,
-        () = heartbeat(&job, &flight, &progress, global.as_ref()) => return,
+        a = upstream(call, &led, &progress) => a,
+        () = heartbeat(call, &led, &progress) => return,
     };
-    if let Some(t) = job.route.targets.get(job.target) {
+    if let Some(t) = call.route.targets.get(call.target) {
         t.breaker.record(Health::of(&answer));
     }
     // On a contract route nothing reaches a follower, the cache or a job
-    // before the answer is checked; `call` buffered a streamed answer, which
-    // is released to the flight as one chunk once it passes.
-    if let Some(contract) = &job.route.contract {
-        answer = crate::contracts::enforce(contract, &job.route.name, answer);
-        if answer.is_success() && answer.form == Form::Stream {
-            flight.push(answer.body.clone());
+    // before the answer is checked; `upstream` buffered a streamed answer,
+    // which is released to the flight as one chunk once it passes.
+    if let Some(contract) = &call.route.contract {
+        answer = crate::contracts::enforce(contract, &call.route.name, answer);
+        if answer.is_success()
+            && answer.form == Form::Stream
+            && let [one] = led.as_slice()
+        {
+            one.flight().push(answer.body.clone());
         }
     }
+    let answers = if answer.is_success() {
+        call.wire.split(answer, led.len())
+    } else {
+        vec![answer; led.len()]
+    };
+    join_all(
+        led.into_iter()
+            .zip(answers)
+            .map(|(led, answer)| settle(call, led, answer)),
+    )
+    .await;
+}
 
+/// Ends one flight with its answer: fenced by the shared layer first, then
+/// this replica's caches, then the flight itself.
+async fn settle(call: &Call, led: Led, mut answer: Answer) {
+    let cfg = &call.route.config;
+    let Led {
+        ticket,
+        request: _,
+        global,
+    } = led;
+    let flight = &ticket.flight;
+    let fp = flight.key.fp;
     // A local follower took this flight over while the call looked stuck:
     // its answer is the flight's, this late one goes nowhere.
     if let Some(next) = flight.successor() {
-        tracing::warn!(fp = %job.fp, "a newer leader took this flight over: its answer is shared, not this late one");
-        let theirs = next.done(None).await.unwrap_or_else(|| lost(&job));
+        tracing::warn!(fp = %fp, "a newer leader took this flight over: its answer is shared, not this late one");
+        let theirs = next.done(None).await.unwrap_or_else(|| lost(call));
         flight.set_origin(Origin::Remote);
         flight.finish(theirs);
         return;
@@ -123,7 +352,7 @@ pub async fn lead(job: LeaderJob) {
 
     let mut answer_ttl = None;
     let mut negative_ttl = None;
-    if job.write_cache {
+    if call.write_cache {
         if answer.is_success() {
             if cfg.cache.enabled {
                 let ttl = jittered_ttl(cfg.cache.ttl, cfg.cache.jitter);
@@ -140,6 +369,7 @@ pub async fn lead(job: LeaderJob) {
     // a leader that lost its lease to a newer one writes nothing anywhere,
     // not even into this replica's own cache, and its waiters get the newer
     // leader's answer.
+    let mut global = global;
     while let Some((shared, lease)) = global.take() {
         let completed = shared
             .complete(
@@ -158,17 +388,17 @@ pub async fn lead(job: LeaderJob) {
                 break;
             }
             Ok(Completion::Answered(theirs)) => {
-                tracing::warn!(fp = %job.fp, "a newer leader answered this flight: this late answer was not shared");
-                let theirs = theirs.unwrap_or_else(|| lost(&job));
-                keep_remote(&job, &theirs);
+                tracing::warn!(fp = %fp, "a newer leader answered this flight: this late answer was not shared");
+                let theirs = theirs.unwrap_or_else(|| lost(call));
+                keep_remote(call, fp, &theirs);
                 flight.set_origin(Origin::Remote);
                 flight.finish(theirs);
                 return;
             }
             Ok(Completion::Superseded(newer)) => newer,
         };
-        tracing::warn!(fp = %job.fp, "a newer leader owns this flight: waiting for its answer instead of sharing this late one");
-        match follow_remote(&job, &flight, &shared, newer, &lease.token).await {
+        tracing::warn!(fp = %fp, "a newer leader owns this flight: waiting for its answer instead of sharing this late one");
+        match follow_remote(call, flight, &shared, newer, &lease.token).await {
             Followed::Answer(theirs) => {
                 flight.set_origin(Origin::Remote);
                 flight.finish(theirs);
@@ -186,11 +416,11 @@ pub async fn lead(job: LeaderJob) {
         }
     }
     if let Some(ttl) = answer_ttl {
-        job.cache.put(job.fp, answer.clone(), ttl, cfg);
+        call.cache.put(fp, answer.clone(), ttl, cfg);
     }
     if let Some(ttl) = negative_ttl {
-        job.cache
-            .put_negative(job.fp, job.target, answer.clone(), ttl);
+        call.cache
+            .put_negative(fp, call.target, answer.clone(), ttl);
     }
     flight.finish(answer);
 }
@@ -221,42 +451,39 @@ impl Progress {
     }
 }
 
-/// Renews the flight's lease (local and shared) every lease/3 while the
-/// call is alive. The call's timeout (the provider's, or a job attempt's
-/// late-answer window) bounds the wait for the head and every pause
-/// between chunks, so a call that has shown no sign of life for longer
-/// than that is stuck: its lease is no longer renewed and lapses, and a
-/// waiter may take the flight over. Never returns.
-async fn heartbeat(
-    job: &LeaderJob,
-    flight: &Flight,
-    progress: &Progress,
-    global: Option<&(Arc<RedisFlights>, Lease)>,
-) {
-    let lease = job.route.config.coalesce.lease;
-    let stuck_after = job.call_timeout + lease / 3;
-    // The lease was just taken: the first renewal is due a third of it
-    // later, not at once.
+/// Renews the leases (local and shared) of the call's flights every
+/// lease/3 while the call is alive. The call's timeout (the provider's, or
+/// a job attempt's late-answer window) bounds the wait for the head and
+/// every pause between chunks, so a call that has shown no sign of life for
+/// longer than that is stuck: its leases are no longer renewed and lapse,
+/// and a waiter may take a flight over. Never returns.
+async fn heartbeat(call: &Call, led: &[Led], progress: &Progress) {
+    let lease = call.route.config.coalesce.lease;
+    let stuck_after = call.call_timeout + lease / 3;
+    // The leases were just taken: the first renewal is due a third of a
+    // lease later, not at once.
     let every = lease / 3;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut lost_shared = false;
+    let mut lost_shared = vec![false; led.len()];
     loop {
         tick.tick().await;
         if progress.idle() > stuck_after {
             continue;
         }
-        flight.renew(lease);
-        if let Some((shared, held)) = global
-            && !lost_shared
-        {
-            match shared.renew(&flight.key, held, lease).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    lost_shared = true;
-                    tracing::warn!(fp = %job.fp, "lost the shared lease; the answer will not overwrite a newer one")
+        for (led, lost) in led.iter().zip(lost_shared.iter_mut()) {
+            led.flight().renew(lease);
+            if let Some((shared, held)) = &led.global
+                && !*lost
+            {
+                match shared.renew(&led.flight().key, held, lease).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        *lost = true;
+                        tracing::warn!(fp = %led.fp(), "lost the shared lease; the answer will not overwrite a newer one")
+                    }
+                    Err(e) => shared.failed("renew", &e),
                 }
-                Err(e) => shared.failed("renew", &e),
             }
         }
     }
@@ -264,90 +491,26 @@ async fn heartbeat(
 
 /// The answer for waiters whose flight was answered by a newer leader
 /// whose result is gone already.
-fn lost(job: &LeaderJob) -> Arc<Answer> {
+fn lost(call: &Call) -> Arc<Answer> {
     Arc::new(Answer::from_failure(
         Failure::LeaderLost,
         "a newer call answered this request, and its answer is no longer at hand",
         "idem".into(),
-        job.route.name.clone(),
+        call.route.name.clone(),
     ))
 }
 
 /// Keeps another replica's answer in this replica's cache for as long as
 /// the shared cache does.
-fn keep_remote(job: &LeaderJob, answer: &Arc<Answer>) {
-    let cfg = &job.route.config;
+fn keep_remote(call: &Call, fp: Fingerprint, answer: &Arc<Answer>) {
+    let cfg = &call.route.config;
     if answer.is_success()
         && cfg.cache.enabled
-        && job.write_cache
-        && job.may_serve(answer)
+        && call.write_cache
+        && call.may_serve(answer)
         && let Some(ttl) = answer.cache_ttl
     {
-        job.cache.put(job.fp, answer.clone(), ttl, cfg);
-    }
-}
-
-enum Shared {
-    /// The flight was answered from the shared layer.
-    Done,
-    /// This replica leads the shared flight.
-    Lead(Arc<RedisFlights>, Lease),
-    /// Redis is unavailable: lead locally.
-    Local,
-}
-
-/// Consults the shared layer: its caches, then its flight (leading it, or
-/// waiting for the replica that does).
-async fn share(job: &LeaderJob, flight: &Arc<Flight>, shared: Arc<RedisFlights>) -> Shared {
-    let cfg = &job.route.config;
-    let lease = cfg.coalesce.lease;
-    let token = uuid::Uuid::now_v7().simple().to_string();
-    let key = flight.key;
-    let mut begin = shared
-        .begin(&key, &token, lease, job.read_cache, job.read_negative)
-        .await;
-    if let Ok(Begin::Hit(answer, _)) = &begin
-        && !job.may_serve(answer)
-    {
-        // Another target's answer: this attempt asks its own target.
-        begin = shared
-            .begin(&key, &token, lease, false, job.read_negative)
-            .await;
-    }
-    let awaited = match begin {
-        Ok(Begin::Hit(answer, left)) => {
-            if left > Duration::ZERO {
-                job.cache.put(job.fp, answer.clone(), left, cfg);
-            }
-            flight.set_origin(Origin::Cache);
-            flight.finish(answer);
-            return Shared::Done;
-        }
-        Ok(Begin::Negative(answer)) => {
-            flight.set_origin(Origin::Negative);
-            flight.finish(answer);
-            return Shared::Done;
-        }
-        Ok(Begin::Lead(generation)) => {
-            return Shared::Lead(shared, Lease { generation, token });
-        }
-        Ok(Begin::Follow(generation)) => generation,
-        Err(e) => {
-            shared.failed("begin", &e);
-            return Shared::Local;
-        }
-    };
-    match follow_remote(job, flight, &shared, awaited, &token).await {
-        Followed::Answer(answer) => {
-            flight.set_origin(Origin::Remote);
-            flight.finish(answer);
-            Shared::Done
-        }
-        Followed::Lead(lease) => {
-            tracing::warn!(fp = %job.fp, "the leading replica's lease expired; taking the flight over");
-            Shared::Lead(shared, lease)
-        }
-        Followed::Local => Shared::Local,
+        call.cache.put(fp, answer.clone(), ttl, cfg);
     }
 }
 
@@ -367,13 +530,13 @@ enum Followed {
 /// stream is waited for; a dead leader's lease lapses and one waiter takes
 /// over. The local followers' `max_wait` bounds their own wait.
 async fn follow_remote(
-    job: &LeaderJob,
+    call: &Call,
     flight: &Flight,
     shared: &RedisFlights,
     awaited: u64,
     token: &str,
 ) -> Followed {
-    let lease = job.route.config.coalesce.lease;
+    let lease = call.route.config.coalesce.lease;
     let keep_local = async {
         let every = lease / 3;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -384,20 +547,20 @@ async fn follow_remote(
     };
     // A job's attempt names its target: another target's cached answer
     // would be credited to the wrong one, so it does not take one here.
-    let read_cache = job.read_cache && !job.pinned;
+    let read_cache = call.read_cache && !call.pinned;
     let waited = tokio::select! {
         r = shared.wait_remote(&flight.key, awaited, token, lease, read_cache) => r,
         () = keep_local => return Followed::Local,
     };
     match waited {
         Ok(Remote::Done(answer)) => {
-            keep_remote(job, &answer);
+            keep_remote(call, flight.key.fp, &answer);
             Followed::Answer(answer)
         }
         Ok(Remote::Hit(answer, left)) => {
-            if left > Duration::ZERO && job.write_cache {
-                job.cache
-                    .put(job.fp, answer.clone(), left, &job.route.config);
+            if left > Duration::ZERO && call.write_cache {
+                call.cache
+                    .put(flight.key.fp, answer.clone(), left, &call.route.config);
             }
             Followed::Answer(answer)
         }
@@ -412,13 +575,13 @@ async fn follow_remote(
     }
 }
 
-/// Calls the target and relays what arrives into the flight; an answer
-/// past the provider's `max_answer_bytes`, or a 2xx that is no chat
-/// completion, ends as a failure.
-async fn call(job: &LeaderJob, flight: &Flight, progress: &Progress) -> Answer {
-    let (route, target, body, timeout) =
-        (&job.route, job.target, job.body.clone(), job.call_timeout);
-    let (tenant, metrics) = (&job.tenant, &job.metrics);
+/// Calls the target for the flights of `led` and, when it answers one
+/// flight with a stream, relays what arrives into that flight; an answer
+/// past the provider's `max_answer_bytes`, or a 2xx the endpoint cannot
+/// read, ends as a failure.
+async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
+    let (route, target, timeout) = (&call.route, call.target, call.call_timeout);
+    let (tenant, metrics) = (&call.tenant, &call.metrics);
     let Some(t) = route.targets.get(target) else {
         return Answer::from_failure(
             Failure::LeaderLost,
@@ -428,8 +591,17 @@ async fn call(job: &LeaderJob, flight: &Flight, progress: &Progress) -> Answer {
         );
     };
     let provider = &t.provider;
+    let requests: Vec<_> = led.iter().map(|l| l.request.clone()).collect();
+    let body = call.wire.body(route, t, &requests);
+    drop(requests);
+    // Only a call for one flight relays as it arrives: a shared call's
+    // answer is split once it is whole.
+    let relay_to = match led {
+        [one] => Some(one.flight()),
+        _ => None,
+    };
     let started = Instant::now();
-    let reply = match provider.send(body, timeout).await {
+    let reply = match provider.send(call.wire.endpoint(), body, timeout).await {
         Ok(r) => r,
         Err(e) => {
             metrics.upstream_call(tenant, &provider.name, 0);
@@ -446,8 +618,15 @@ async fn call(job: &LeaderJob, flight: &Flight, progress: &Progress) -> Answer {
     };
     // Relay as it arrives, unless the route's contract must see the whole
     // answer first.
-    let streaming = form == Form::Stream && reply.status.is_success() && route.contract.is_none();
-    if streaming {
+    let relay = match relay_to {
+        Some(flight)
+            if form == Form::Stream && reply.status.is_success() && route.contract.is_none() =>
+        {
+            Some(flight)
+        }
+        _ => None,
+    };
+    if let Some(flight) = relay {
         // Followers may start relaying now.
         flight.set_head(Head {
             status: reply.status,
@@ -487,7 +666,7 @@ async fn call(job: &LeaderJob, flight: &Flight, progress: &Progress) -> Answer {
                 }
                 let start = whole.len();
                 whole.extend_from_slice(&bytes);
-                if streaming {
+                if let Some(flight) = relay {
                     let cut = point.advance(&whole);
                     if cut > relayed {
                         flight.push(if relayed == start {
@@ -522,17 +701,24 @@ async fn call(job: &LeaderJob, flight: &Flight, progress: &Progress) -> Answer {
         cache_ttl: None,
         rendered: Default::default(),
     };
-    // A 2xx that is no chat completion must not reach anybody as a success:
+    // A 2xx the endpoint cannot read must not reach anybody as a success:
     // it becomes a failure here, which the followers, the caches and a job
     // see as such.
-    if let Some(why) = answer.malformed() {
-        metrics.bad_upstream_answer(&provider.name);
-        tracing::warn!(route = %route.name, provider = %provider.name, why = %why, "upstream answer is not a chat completion");
-        return answer.into_bad(&why);
+    if !answer.is_success() {
+        return answer;
     }
+    let answer = match call.wire.check(answer, led.len()) {
+        Ok(answer) => answer,
+        Err(bad) => {
+            metrics.bad_upstream_answer(&provider.name);
+            return *bad;
+        }
+    };
     // The rest of a well-formed stream: its `[DONE]`, or a last event
     // without its closing blank line.
-    if streaming && relayed < answer.body.len() {
+    if let Some(flight) = relay
+        && relayed < answer.body.len()
+    {
         flight.push(answer.body.slice(relayed..));
     }
     answer
@@ -549,25 +735,27 @@ mod tests {
             super::super::tests::setup_with("timeout = \"1s\"", "lease = \"600ms\"");
         let ticket = super::super::tests::lead(&coalescer, lease);
         let flight = ticket.flight.clone();
-        let job = LeaderJob {
-            ticket,
+        let call = Call {
+            wire: &crate::endpoints::chat::CHAT,
             tenant: "acme".into(),
             route,
             target: 0,
-            body: Bytes::new(),
-            fp: super::super::tests::fp(),
             read_cache: true,
             read_negative: true,
             write_cache: true,
             pinned: false,
             cache: coalescer.cache.clone(),
-            shared: coalescer.shared.clone(),
             metrics: coalescer.metrics.clone(),
             call_timeout: Duration::from_secs(1),
         };
+        let led = [Led {
+            ticket,
+            request: Arc::new(Map::new()),
+            global: None,
+        }];
         // A call that started and then never showed a sign of life again.
         let progress = Progress::new();
-        let beat = heartbeat(&job, &flight, &progress, None);
+        let beat = heartbeat(&call, &led, &progress);
         tokio::pin!(beat);
         let mut wait = async |d: Duration| {
             tokio::select! {

@@ -1,16 +1,17 @@
-//! Coalescing: one upstream call per identical prompt in flight (SPEC
-//! section 4).
+//! Coalescing: one upstream call per identical task in flight, on one
+//! target (design: coalescing).
 //!
-//! [`Coalescer::obtain`] is the request path after the fingerprint: result
-//! cache, then for each target in order its negative cache and its flight.
-//! The first request for a fingerprint leads: it spawns a detached task
-//! ([`leader`]) that calls the provider, fills the flight and the cache, so a
-//! client that hangs up cancels nothing. Every other request with the same
-//! fingerprint follows: it waits, bounded by `coalesce.max_wait`, for the
-//! leader's first byte, then reads the same answer. A failure that the
-//! provider certainly caused moves everybody on to the next target, where
-//! they coalesce again, if [`failover::admit`] lets the work go there
-//! (certified for the route's contract, circuit not open).
+//! [`Coalescer::via_target`] is the flight stage of the request path: a
+//! task's negative cache on that target, then its flight. The first request
+//! for a fingerprint leads: it spawns a detached task ([`leader`]) that
+//! calls the provider, fills the flight and the cache, so a client that
+//! hangs up cancels nothing. Every other request with the same fingerprint
+//! follows: it waits, bounded by `coalesce.max_wait`, for the leader's
+//! first byte, then reads the same answer. [`Coalescer::via_target_batch`]
+//! does the same for several tasks at once (the items of an embeddings
+//! batch): the tasks it leads share one upstream call. The result cache
+//! before this stage, and the walk over a route's targets around it, are
+//! the core's ([`crate::task`]).
 
 pub mod leader;
 pub mod redis;
@@ -23,29 +24,25 @@ use bytes::Bytes;
 use rand::Rng;
 use serde_json::{Map, Value};
 
-use crate::answer::{Answer, Verdict};
+use crate::answer::Answer;
 use crate::cache::{Lookup, ResultCache};
-use crate::certification::failover;
 use crate::config::OnWaitTimeout;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{Metrics, Outcome};
 use crate::routes::{Route, Target};
 
+pub use leader::Wire;
 pub use table::{Flight, FlightKey, FlightTable, Head, Joined, LeaderTicket, Origin};
 
 use self::redis::RedisFlights;
 
 /// Why coalescing gave a request no answer at all (an answer that is an
-/// error is a [`Delivery`] like any other). The HTTP layer turns these into
-/// error bodies, in one place.
+/// error is a [`Delivery`] like any other).
 #[derive(Debug, thiserror::Error)]
 pub enum FlightError {
     /// A follower's wait for its leader ran out.
     #[error("waited {waited:?} for an identical request in flight")]
     WaitTimeout { waited: Duration, retry_after: u64 },
-    /// No target of the route may take the work now.
-    #[error("{0}")]
-    NoTarget(failover::NoTarget),
     /// A parked request's body no longer parses (a bug).
     #[error("a parked request's body no longer parses")]
     BodyLost,
@@ -75,7 +72,17 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    fn done(outcome: Outcome, answer: Arc<Answer>) -> Delivery {
+    fn live(outcome: Outcome, flight: Arc<Flight>) -> Delivery {
+        Delivery {
+            outcome,
+            source: Source::Live(flight),
+            waited: None,
+            cache_age: None,
+            stale: false,
+        }
+    }
+
+    pub fn done(outcome: Outcome, answer: Arc<Answer>) -> Delivery {
         Delivery {
             outcome,
             source: Source::Done(answer),
@@ -103,16 +110,19 @@ impl Delivery {
     }
 }
 
-/// What to obtain and under which rules.
+/// One task on one target, under the rules the core derived for it.
 pub struct Ask<'a> {
     pub tenant: &'a Arc<str>,
     pub route: &'a Arc<Route>,
     pub fp: Fingerprint,
-    /// The client's request body (the leader sends it with the target's
-    /// model).
+    /// The task's request (the leader sends it, through `wire`, with the
+    /// target's model).
     pub body: &'a RequestBody,
-    /// Read the result and negative caches (`Cache-Control: no-cache` and
-    /// `cache.enabled = false` turn this off).
+    /// The endpoint: how a call is made of requests and its answer read.
+    pub wire: &'static dyn Wire,
+    /// The leader may take a cached answer it finds (the request that
+    /// found the cache empty just before may lead just after the previous
+    /// flight filled it).
     pub read_cache: bool,
     /// Read the negative cache. Job attempts do not: they pace themselves
     /// with backoff, and an attempt answered from the cache would burn the
@@ -123,9 +133,8 @@ pub struct Ask<'a> {
     /// Share the call with identical requests (`no-store` and
     /// `coalesce.enabled = false` turn this off).
     pub coalesce: bool,
-    /// Only these targets (job attempts name one); `None`: the route's
-    /// targets in order, with failover.
-    pub only_target: Option<usize>,
+    /// A job attempt: only an answer of this very target serves it.
+    pub pinned: bool,
     /// How long a follower may wait; `None`: the route's `max_wait`.
     pub max_wait: Option<Duration>,
     /// How long the upstream call may take when this request leads it;
@@ -184,7 +193,7 @@ impl RequestBody {
 
     /// Lets the parse go if the bytes can give it back (a follower about to
     /// wait).
-    fn park(&self) {
+    pub fn park(&self) {
         if self.raw.is_some() {
             *self.parsed.lock().unwrap_or_else(PoisonError::into_inner) = None;
         }
@@ -221,92 +230,124 @@ impl Coalescer {
         }
     }
 
-    /// Obtains the answer for `ask`: from the cache, a flight in progress,
-    /// or a new upstream call, trying the route's targets in order.
-    pub async fn obtain(&self, ask: &Ask<'_>) -> Result<Delivery, FlightError> {
-        if ask.read_cache
-            && ask.only_target.is_none()
-            && let Lookup::Fresh { answer, age, .. } = self.cache.get(&ask.fp)
-        {
-            let mut d = Delivery::done(Outcome::CacheHit, answer);
-            d.cache_age = Some(age);
-            return Ok(d);
-        }
-        // A job's attempt names its target; otherwise the route's, in order.
-        let (first, end) = match ask.only_target {
-            Some(i) => (i, (i + 1).min(ask.route.targets.len())),
-            None => (0, ask.route.targets.len()),
-        };
-        let mut last: Option<Delivery> = None;
-        let mut skipped = Vec::new();
-        for pos in first..end {
-            let target = &ask.route.targets[pos];
-            // Failover goes only to certified, healthy targets (a job's
-            // attempt names its target, already chosen by the same rule).
-            if ask.only_target.is_none()
-                && let Err(skip) = failover::admit(&self.metrics, ask.route, target)
-            {
-                skipped.push(skip);
-                continue;
+    /// The result cache's fresh answer for `fp`, as a delivery.
+    pub fn cached(&self, fp: &Fingerprint) -> Option<Delivery> {
+        match self.cache.get(fp) {
+            Lookup::Fresh { answer, age, .. } => {
+                let mut d = Delivery::done(Outcome::CacheHit, answer);
+                d.cache_age = Some(age);
+                Some(d)
             }
-            let mut d = self.via_target(ask, target).await?;
-            let answer = match &d.source {
-                Source::Done(a) => a.clone(),
-                Source::Live(f) => {
-                    let head = f.head(None).await;
-                    d.outcome = reported(d.outcome, f);
-                    match head {
-                        Some(h) if h.status.is_success() => return Ok(d),
-                        _ => d.answer().await,
-                    }
-                }
-            };
-            if answer.is_success() {
-                return Ok(Delivery {
-                    source: Source::Done(answer),
-                    ..d
-                });
-            }
-            if d.outcome == Outcome::Follower {
-                self.metrics
-                    .leader_error_shared(ask.tenant, &ask.route.name);
-            }
-            let more = pos + 1 < end;
-            let definite =
-                matches!(answer.verdict(), Verdict::Failed(_)) && !answer.is_request_error();
-            if more && definite {
-                tracing::info!(
-                    route = %ask.route.name,
-                    from = %target.provider.name,
-                    status = answer.status.as_u16(),
-                    "failing over to the next target"
-                );
-                last = Some(Delivery {
-                    source: Source::Done(answer),
-                    ..d
-                });
-                continue;
-            }
-            return Ok(Delivery {
-                source: Source::Done(answer),
-                ..d
-            });
-        }
-        match last {
-            Some(d) => Ok(d),
-            None => Err(FlightError::NoTarget(failover::NoTarget(skipped))),
+            _ => None,
         }
     }
 
-    /// One target: its negative cache, then its flight.
-    async fn via_target(&self, ask: &Ask<'_>, target: &Target) -> Result<Delivery, FlightError> {
+    /// One task on one target: its negative cache, then its flight.
+    pub async fn via_target(
+        &self,
+        ask: &Ask<'_>,
+        target: &Target,
+    ) -> Result<Delivery, FlightError> {
+        match self.join(ask, target) {
+            Step::Done(d) => Ok(d),
+            Step::Lead(ticket) => {
+                let request = ask.body.get()?;
+                let flight = ticket.flight.clone();
+                let outcome = if ask.coalesce {
+                    Outcome::Leader
+                } else {
+                    Outcome::Bypass
+                };
+                self.spawn_leader(ask, target, vec![(ticket, request)]);
+                Ok(Delivery::live(outcome, flight))
+            }
+            Step::Follow(flight) => self.follow(ask, target, flight).await,
+        }
+    }
+
+    /// Several tasks on one target: each its negative cache and its flight,
+    /// as [`Coalescer::via_target`], except that the tasks this request
+    /// leads share one upstream call. The deliveries are in the tasks'
+    /// order.
+    pub async fn via_target_batch(
+        &self,
+        asks: &[Ask<'_>],
+        target: &Target,
+    ) -> Vec<Result<Delivery, FlightError>> {
+        let mut out: Vec<Option<Result<Delivery, FlightError>>> =
+            std::iter::repeat_with(|| None).take(asks.len()).collect();
+        let mut led = Vec::new();
+        let mut following = Vec::new();
+        for (i, ask) in asks.iter().enumerate() {
+            match self.join(ask, target) {
+                Step::Done(d) => out[i] = Some(Ok(d)),
+                Step::Lead(ticket) => match ask.body.get() {
+                    Ok(request) => {
+                        let outcome = if ask.coalesce {
+                            Outcome::Leader
+                        } else {
+                            Outcome::Bypass
+                        };
+                        out[i] = Some(Ok(Delivery::live(outcome, ticket.flight.clone())));
+                        led.push((ticket, request));
+                    }
+                    Err(e) => out[i] = Some(Err(e)),
+                },
+                Step::Follow(flight) => following.push((i, flight)),
+            }
+        }
+        // Led before anybody waits: a task may follow another of the same
+        // batch.
+        if let Some(first) = asks.first()
+            && !led.is_empty()
+        {
+            self.spawn_leader(first, target, led);
+        }
+        let followed =
+            futures_util::future::join_all(following.into_iter().map(|(i, flight)| async move {
+                (i, self.follow(&asks[i], target, flight).await)
+            }))
+            .await;
+        for (i, d) in followed {
+            out[i] = Some(d);
+        }
+        out.into_iter()
+            .map(|d| d.unwrap_or(Err(FlightError::BodyLost)))
+            .collect()
+    }
+
+    /// The first step on a target: the negative cache, then the flight
+    /// table (or a private flight when the task does not coalesce).
+    fn join(&self, ask: &Ask<'_>, target: &Target) -> Step {
         if ask.read_negative
             && let Some((answer, age)) = self.cache.negative(&ask.fp, target.index)
         {
             let mut d = Delivery::done(Outcome::NegativeHit, answer);
             d.cache_age = Some(age);
-            return Ok(d);
+            return Step::Done(d);
         }
+        let key = FlightKey {
+            fp: ask.fp,
+            target: target.index,
+        };
+        let lease = ask.route.config.coalesce.lease;
+        if !ask.coalesce {
+            return Step::Lead(self.table.private(key, lease));
+        }
+        match self.table.join(key, lease) {
+            Joined::Leader(ticket) => Step::Lead(ticket),
+            Joined::Follower(flight) => Step::Follow(flight),
+        }
+    }
+
+    /// A follower's wait for its flight's first byte, bounded by its
+    /// `max_wait`; when the wait runs out, the route's rule decides.
+    async fn follow(
+        &self,
+        ask: &Ask<'_>,
+        target: &Target,
+        mut flight: Arc<Flight>,
+    ) -> Result<Delivery, FlightError> {
         // The key and the lease are read again where they are used: kept in
         // variables, they would live through the wait in every follower's
         // state.
@@ -315,48 +356,16 @@ impl Coalescer {
             target: target.index,
         };
         let lease = || ask.route.config.coalesce.lease;
-        if !ask.coalesce {
-            let request = ask.body.get()?;
-            let ticket = self.table.private(key(), lease());
-            let flight = ticket.flight.clone();
-            self.spawn_leader(ask, target, &request, ticket);
-            return Ok(Delivery {
-                outcome: Outcome::Bypass,
-                source: Source::Live(flight),
-                waited: None,
-                cache_age: None,
-                stale: false,
-            });
-        }
         let max_wait = ask.max_wait.unwrap_or_else(|| ask.route.max_wait());
         loop {
-            let flight = match self.table.join(key(), lease()) {
-                Joined::Leader(ticket) => {
-                    let request = ask.body.get()?;
-                    let flight = ticket.flight.clone();
-                    self.spawn_leader(ask, target, &request, ticket);
-                    return Ok(Delivery {
-                        outcome: Outcome::Leader,
-                        source: Source::Live(flight),
-                        waited: None,
-                        cache_age: None,
-                        stale: false,
-                    });
-                }
-                Joined::Follower(flight) => flight,
-            };
             ask.body.park();
             let joined = Instant::now();
             if flight.head(Some(joined + max_wait)).await.is_some() {
                 let waited = joined.elapsed();
                 self.metrics.wait(ask.tenant, &ask.route.name, waited);
-                return Ok(Delivery {
-                    outcome: Outcome::Follower,
-                    source: Source::Live(flight),
-                    waited: Some(waited),
-                    cache_age: None,
-                    stale: false,
-                });
+                let mut d = Delivery::live(Outcome::Follower, flight);
+                d.waited = Some(waited);
+                return Ok(d);
             }
             // The wait ran out: the route's rule decides, and nobody
             // re-attacks the provider while the leader's lease is alive.
@@ -366,22 +375,31 @@ impl Coalescer {
                     if let Some(ticket) = self.table.take_over(&flight, lease()) {
                         tracing::warn!(route = %ask.route.name, fp = %ask.fp, "leader lease expired; taking over");
                         let flight = ticket.flight.clone();
-                        self.spawn_leader(ask, target, &request, ticket);
-                        return Ok(Delivery {
-                            outcome: Outcome::Leader,
-                            source: Source::Live(flight),
-                            waited: Some(joined.elapsed()),
-                            cache_age: None,
-                            stale: false,
-                        });
+                        self.spawn_leader(ask, target, vec![(ticket, request)]);
+                        let mut d = Delivery::live(Outcome::Leader, flight);
+                        d.waited = Some(joined.elapsed());
+                        return Ok(d);
                     }
                     let replaced = self
                         .table
                         .current(&key())
                         .is_some_and(|now| !Arc::ptr_eq(&now, &flight));
                     if replaced {
-                        // Somebody else took over: wait for the new leader.
-                        continue;
+                        // Somebody else took over: wait for the new leader
+                        // (or lead, if its flight ended meanwhile).
+                        match self.table.join(key(), lease()) {
+                            Joined::Follower(now) => {
+                                flight = now;
+                                continue;
+                            }
+                            Joined::Leader(ticket) => {
+                                let flight = ticket.flight.clone();
+                                self.spawn_leader(ask, target, vec![(ticket, request)]);
+                                let mut d = Delivery::live(Outcome::Leader, flight);
+                                d.waited = Some(joined.elapsed());
+                                return Ok(d);
+                            }
+                        }
                     }
                 }
                 OnWaitTimeout::Stale => {
@@ -405,24 +423,24 @@ impl Coalescer {
         }
     }
 
+    /// Spawns the leader of these flights on `target`: one upstream call
+    /// for all of them, under `ask`'s rules (the batch's tasks share them).
     fn spawn_leader(
         &self,
         ask: &Ask<'_>,
         target: &Target,
-        request: &Map<String, Value>,
-        ticket: LeaderTicket,
+        flights: Vec<(LeaderTicket, Arc<Map<String, Value>>)>,
     ) {
         let job = leader::LeaderJob {
-            ticket,
+            flights,
+            wire: ask.wire,
             tenant: ask.tenant.clone(),
             route: ask.route.clone(),
             target: target.index,
-            body: ask.route.body_for(target, request),
-            fp: ask.fp,
             read_cache: ask.read_cache,
             read_negative: ask.read_negative,
             write_cache: ask.write_cache,
-            pinned: ask.only_target.is_some(),
+            pinned: ask.pinned,
             call_timeout: ask.call_timeout.unwrap_or(target.provider.timeout),
             cache: self.cache.clone(),
             shared: self.shared.clone(),
@@ -432,9 +450,19 @@ impl Coalescer {
     }
 }
 
+/// Where a task stands after its first step on a target.
+enum Step {
+    /// Answered (the negative cache).
+    Done(Delivery),
+    /// This request leads the flight (or a private one).
+    Lead(LeaderTicket),
+    /// Another request leads it.
+    Follow(Arc<Flight>),
+}
+
 /// The outcome of a request that started a local flight, once the flight
 /// knows where its answer came from (the shared cache, another replica).
-fn reported(outcome: Outcome, flight: &Flight) -> Outcome {
+pub fn reported(outcome: Outcome, flight: &Flight) -> Outcome {
     if outcome != Outcome::Leader {
         return outcome;
     }
@@ -506,11 +534,12 @@ mod tests {
             route,
             fp: fp(),
             body,
+            wire: &crate::endpoints::chat::CHAT,
             read_cache: true,
             read_negative: true,
             write_cache: true,
             coalesce: true,
-            only_target: None,
+            pinned: false,
             max_wait: None,
             call_timeout: None,
         }
@@ -597,7 +626,7 @@ mod tests {
         let ticket = lead(&coalescer, Duration::from_secs(30));
         let body = body();
         let ask = ask(&tenant, &route, &body);
-        let mut following = std::pin::pin!(coalescer.obtain(&ask));
+        let mut following = std::pin::pin!(coalescer.via_target(&ask, &route.targets[0]));
         // One poll: the request joins the flight and waits.
         assert!(futures_util::poll!(following.as_mut()).is_pending());
         assert!(!body.is_parsed(), "a parked follower still holds its parse");
@@ -617,7 +646,7 @@ mod tests {
         let _hung = lead(&coalescer, Duration::from_millis(10));
         let body = body();
         let d = coalescer
-            .obtain(&ask(&tenant, &route, &body))
+            .via_target(&ask(&tenant, &route, &body), &route.targets[0])
             .await
             .unwrap();
         assert_eq!(d.outcome, Outcome::Leader);

@@ -14,6 +14,7 @@ use crate::certification::failover::NoTarget;
 use crate::flight::FlightError;
 use crate::jobs::JobError;
 use crate::metrics::Refusal;
+use crate::task::TaskError;
 
 pub use crate::answer::error_body;
 
@@ -220,8 +221,16 @@ impl From<FlightError> for ApiError {
                 waited,
                 retry_after,
             },
-            FlightError::NoTarget(n) => n.into(),
             FlightError::BodyLost => ApiError::Internal(anyhow::Error::new(e)),
+        }
+    }
+}
+
+impl From<TaskError> for ApiError {
+    fn from(e: TaskError) -> ApiError {
+        match e {
+            TaskError::Flight(e) => e.into(),
+            TaskError::NoTarget(n) => n.into(),
         }
     }
 }

@@ -19,11 +19,12 @@ use super::validate::{self, ChatRequest};
 use super::{ApiPath, ApiQuery};
 use super::{AppState, Caller};
 use crate::fingerprint::Fingerprint;
+use crate::flight::RequestBody;
 use crate::jobs::{JobError, job_answer, job_json};
 use crate::metrics::Outcome;
-use crate::reqlog::Entry;
 use crate::routes::Route;
 use crate::store::{AttemptState, Completion, Cursor, JobRecord, JobState, now_ms};
+use crate::task::{Count, Finish, Line};
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const IDEM_JOB_ID: HeaderName = HeaderName::from_static("idem-job-id");
@@ -130,15 +131,22 @@ pub async fn create(
     // A new job is counted as an incoming request by its first attempt
     // (which knows whether it made the call); asking again for an existing
     // job is a request answered without one.
-    if !created.new {
-        app.metrics.request(&tenant, &route.name, Outcome::Replay);
-    }
-    let outcome = if created.new { "created" } else { "replay" };
-    app.reqlog.write(
-        &Entry::new(&tenant, &route.name, &fp, outcome, status.as_u16(), started)
-            .job(&created.job.id, created.job.completed_by)
-            .body(&req.body),
-    );
+    let body = RequestBody::kept(req.body.clone());
+    app.core.finish(Finish {
+        tenant: Some(&tenant),
+        route: Some(&route.name),
+        count: (!created.new).then_some(Count::Answered(Outcome::Replay)),
+        line: Some(Line {
+            fp,
+            outcome: if created.new { "created" } else { "replay" },
+            status: status.as_u16(),
+            started,
+            job: Some((&created.job.id, created.job.completed_by)),
+            body: Some(&body),
+            answer: None,
+            answer_of_job: None,
+        }),
+    });
     Ok(resp)
 }
 
@@ -183,7 +191,7 @@ pub async fn chat(
     } else {
         Outcome::Follower
     };
-    let answer = job_answer(&job, route);
+    let answer = Arc::new(job_answer(&job, route));
     let mut resp = match job.state {
         JobState::Succeeded => render(&answer, req.stream, req.include_usage),
         JobState::Cancelled => ApiError::Conflict {
@@ -202,12 +210,6 @@ pub async fn chat(
         }
         .into_response(),
     };
-    // The request that created the job is counted by the job's first
-    // attempt, with how that attempt got its answer: one job, one
-    // incoming request. A retry with the key is a request of its own.
-    if !new {
-        app.metrics.request(tenant, &route.name, outcome);
-    }
     let h = resp.headers_mut();
     decorate(h, outcome, &fp, Some(&answer));
     if let Ok(v) = HeaderValue::from_str(&job.id) {
@@ -219,13 +221,25 @@ pub async fn chat(
     if replayed {
         h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
-    let status = resp.status().as_u16();
-    app.reqlog.write(
-        &Entry::new(tenant, &route.name, &fp, outcome.as_str(), status, started)
-            .job(&job.id, job.completed_by)
-            .answer(Some(&answer))
-            .body(&req.body),
-    );
+    // The request that created the job is counted by the job's first
+    // attempt, with how that attempt got its answer: one job, one
+    // incoming request. A retry with the key is a request of its own.
+    let body = RequestBody::kept(req.body.clone());
+    app.core.finish(Finish {
+        tenant: Some(tenant),
+        route: Some(&route.name),
+        count: (!new).then_some(Count::Answered(outcome)),
+        line: Some(Line {
+            fp,
+            outcome: outcome.as_str(),
+            status: resp.status().as_u16(),
+            started,
+            job: Some((&job.id, job.completed_by)),
+            body: Some(&body),
+            answer: None,
+            answer_of_job: Some(answer),
+        }),
+    });
     Ok(resp)
 }
 

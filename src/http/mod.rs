@@ -25,16 +25,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::config::Config;
-use crate::flight::Coalescer;
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
 use crate::providers::Providers;
-use crate::reqlog::RequestLog;
 use crate::routes::Routes;
 use crate::store::Store;
+use crate::task::Core;
 use crate::tenants::{Keyring, Principal};
 use error::ApiError;
-use tokio_util::task::TaskTracker;
 use validate::Limits;
 
 /// Everything a handler may use: cheap handles, no global lock.
@@ -43,15 +41,13 @@ pub struct Shared {
     pub keyring: Keyring,
     pub routes: Routes,
     pub providers: Providers,
-    pub coalescer: Coalescer,
+    /// The request path's core: coalescing, the request log, the work
+    /// requests leave behind.
+    pub core: Core,
     pub metrics: Arc<Metrics>,
     pub store: Arc<dyn Store>,
     pub jobs: Arc<Jobs>,
     pub limits: Limits,
-    pub reqlog: RequestLog,
-    /// Work that outlives its request (a streamed answer's log line, written
-    /// when the stream ends): the shutdown waits for it within its grace.
-    pub background: TaskTracker,
 }
 
 /// The job workers see the gateway through its handles only.
@@ -71,11 +67,8 @@ impl crate::jobs::JobEnv for Shared {
     fn routes(&self) -> &Routes {
         &self.routes
     }
-    fn coalescer(&self) -> &Coalescer {
-        &self.coalescer
-    }
-    fn reqlog(&self) -> &RequestLog {
-        &self.reqlog
+    fn core(&self) -> &Core {
+        &self.core
     }
 }
 
@@ -145,7 +138,7 @@ impl Caller {
     }
 
     /// The tenant's name, if the caller is a tenant.
-    pub fn tenant_name(&self) -> Option<&str> {
+    pub fn tenant_name(&self) -> Option<&Arc<str>> {
         match &self.0 {
             Principal::Tenant(t) => Some(t),
             Principal::Admin => None,

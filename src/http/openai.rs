@@ -1,12 +1,14 @@
 //! The OpenAI-compatible endpoints: `POST /v1/chat/completions` and
 //! `GET /v1/models`.
 //!
-//! The chat handler is the request path of SPEC section 2, one stage per
-//! line: auth -> parse & validate -> route -> [Idempotency-Key? -> job] ->
-//! fingerprint -> cache -> flight -> provider. Everything after the
-//! fingerprint is [`Coalescer::obtain`](crate::flight::Coalescer::obtain);
-//! this file only turns its [`Delivery`] into an HTTP answer in the form the
-//! client asked for.
+//! The chat handler is the request path (design: the request path), one
+//! stage per line: auth -> parse & validate -> route -> [Idempotency-Key?
+//! -> job] -> fingerprint -> the core ([`Core::obtain`]: cache -> targets
+//! -> flight -> provider). This file turns the request into the core's
+//! [`Task`] and its [`Delivery`] into an HTTP answer in the form the client
+//! asked for.
+//!
+//! [`Core::obtain`]: crate::task::Core::obtain
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -29,11 +31,12 @@ use super::error::ApiError;
 use super::validate::{self, ChatRequest};
 use super::{AppState, Caller};
 use crate::answer::{Answer, Form};
+use crate::endpoints::chat::CHAT;
 use crate::fingerprint::{self, Fingerprint};
-use crate::flight::{Ask, Delivery, Flight, RequestBody, Source};
+use crate::flight::{Delivery, Flight, RequestBody, Source};
 use crate::metrics::Outcome;
-use crate::reqlog::Entry;
 use crate::routes::Route;
+use crate::task::{CachePolicy, Count, Finish, Line, Task, TaskError};
 
 pub const IDEM_OUTCOME: HeaderName = HeaderName::from_static("idem-outcome");
 pub const IDEM_FINGERPRINT: HeaderName = HeaderName::from_static("idem-fingerprint");
@@ -125,12 +128,34 @@ struct Admission {
     started: Instant,
 }
 
-/// Counts a request that ends with `e` (every request is counted, its
-/// refusals too), under its tenant and route as far as they are known.
-fn refused(app: &AppState, tenant: Option<&str>, route: Option<&str>, e: ApiError) -> ApiError {
-    if !e.counted_by_its_job() {
-        app.metrics.refused(tenant, route, e.refusal());
+impl Admission {
+    fn task(&self) -> Task<'_> {
+        Task {
+            tenant: &self.tenant,
+            route: &self.route,
+            fp: self.fp,
+            body: &self.body,
+            wire: &CHAT,
+            policy: self.policy,
+        }
     }
+}
+
+/// Counts a request that ends with `e` before it has a fingerprint (every
+/// request is counted, its refusals too), under its tenant and route as far
+/// as they are known.
+fn refused(
+    app: &AppState,
+    tenant: Option<&Arc<str>>,
+    route: Option<&Arc<str>>,
+    e: ApiError,
+) -> ApiError {
+    app.core.finish(Finish {
+        tenant,
+        route,
+        count: (!e.counted_by_its_job()).then(|| Count::Refused(e.refusal())),
+        line: None,
+    });
     e
 }
 
@@ -174,7 +199,7 @@ async fn admit(
         ..
     } = req;
     Ok(Admitted::Coalesce(Admission {
-        policy: CachePolicy::from_headers(&headers),
+        policy: cache_policy(&headers),
         // A follower lets the parse go while it waits (see `RequestBody`).
         body: RequestBody::from_bytes(body, raw),
         app,
@@ -187,104 +212,58 @@ async fn admit(
     }))
 }
 
-/// The answer for an admitted request, under the route's rules and the
-/// request's `Cache-Control`.
-async fn obtain(a: &Admission) -> Result<Delivery, ApiError> {
-    let cfg = &a.route.config;
-    let ask = Ask {
-        tenant: &a.tenant,
-        route: &a.route,
-        fp: a.fp,
-        body: &a.body,
-        read_cache: cfg.cache.enabled && a.policy.read,
-        read_negative: cfg.cache.enabled && a.policy.read,
-        write_cache: a.policy.write,
-        coalesce: cfg.coalesce.enabled && a.policy.coalesce,
-        only_target: None,
-        max_wait: None,
-        call_timeout: None,
-    };
-    Ok(a.app.coalescer.obtain(&ask).await?)
-}
-
-/// Cache, flight, provider (through the coalescer), then [`reply`]: again
-/// two futures, so that the reply's state is not added to a waiting one's.
+/// The core (cache, targets, flight, provider), then [`reply`]: two
+/// futures, one after the other, so that the reply's state is not added to
+/// a waiting one's.
 fn coalesce(a: Admission) -> impl Future<Output = Result<Response, ApiError>> {
     async move {
-        let obtained = obtain(&a).await;
+        let obtained = a.app.core.obtain(&a.task()).await;
         (a, obtained)
     }
     .then(|(a, obtained)| reply(a, obtained))
 }
 
-/// The answer in the form the client asked for, and the request log's line.
-async fn reply(a: Admission, obtained: Result<Delivery, ApiError>) -> Result<Response, ApiError> {
-    let delivery = match obtained {
-        Ok(d) => d,
+/// The answer in the form the client asked for; the request is counted and
+/// logged by the core's finish step.
+async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Response, ApiError> {
+    let (resp, count, source) = match obtained {
+        Ok(delivery) => {
+            let resp = respond(&delivery, &a.fp, a.stream, a.include_usage).await;
+            (
+                resp,
+                Count::Answered(delivery.outcome),
+                Some(delivery.source),
+            )
+        }
         Err(e) => {
+            let e = ApiError::from(e);
             let refusal = e.refusal();
-            if !e.counted_by_its_job() {
-                a.app
-                    .metrics
-                    .refused(Some(&a.tenant), Some(&a.route.name), refusal);
-            }
             let mut resp = refusal_response(e);
             if let Ok(v) = HeaderValue::from_str(&a.fp.to_string()) {
                 resp.headers_mut().insert(IDEM_FINGERPRINT, v);
             }
-            let status = resp.status().as_u16();
-            let logged = logged_body(&a.app, &a.body);
-            a.app.reqlog.write(
-                &Entry::new(
-                    &a.tenant,
-                    &a.route.name,
-                    &a.fp,
-                    refusal.as_str(),
-                    status,
-                    a.started,
-                )
-                .body_if(logged.as_deref()),
-            );
-            return Ok(resp);
+            (resp, Count::Refused(refusal), None)
         }
     };
-    a.app
-        .metrics
-        .request(&a.tenant, &a.route.name, delivery.outcome);
-    let resp = respond(&delivery, &a.fp, a.stream, a.include_usage).await;
-    let outcome = delivery.outcome.as_str();
-    let status = resp.status().as_u16();
-    let logged = logged_body(&a.app, &a.body);
-    match &delivery.source {
-        Source::Live(flight) if !flight.is_done() => {
-            // A stream still running: its upstream time and token counts are
-            // known when it ends, so the line is written then (its latency
-            // stays the time to the answer's head).
-            let head_latency = a.started.elapsed();
-            let (app, flight, tenant) = (a.app.clone(), flight.clone(), a.tenant.clone());
-            let (route_name, fp, started) = (a.route.name.clone(), a.fp, a.started);
-            app.background.clone().spawn(async move {
-                // Every flight ends: its leader's ticket finishes it on drop.
-                let answer = flight.done(None).await;
-                let mut entry = Entry::new(&tenant, &route_name, &fp, outcome, status, started)
-                    .answer(answer.as_deref())
-                    .body_if(logged.as_deref());
-                entry.latency = head_latency;
-                app.reqlog.write(&entry);
-            });
-        }
-        source => {
-            let answer = match source {
-                Source::Done(done) => Some(done.clone()),
-                Source::Live(f) => f.answer(),
-            };
-            a.app.reqlog.write(
-                &Entry::new(&a.tenant, &a.route.name, &a.fp, outcome, status, a.started)
-                    .answer(answer.as_deref())
-                    .body_if(logged.as_deref()),
-            );
-        }
-    }
+    let outcome = match count {
+        Count::Answered(o) => o.as_str(),
+        Count::Refused(r) => r.as_str(),
+    };
+    a.app.core.finish(Finish {
+        tenant: Some(&a.tenant),
+        route: Some(&a.route.name),
+        count: Some(count),
+        line: Some(Line {
+            fp: a.fp,
+            outcome,
+            status: resp.status().as_u16(),
+            started: a.started,
+            job: None,
+            body: Some(&a.body),
+            answer: source,
+            answer_of_job: None,
+        }),
+    });
     Ok(resp)
 }
 
@@ -299,18 +278,6 @@ pub async fn read_chat_request(
     let bytes = validate::read_body(body, content_length(headers), limit).await?;
     let object = validate::parse_object(&bytes, app.limits.max_json_depth)?;
     Ok((validate::chat_request(object, &app.limits)?, bytes))
-}
-
-/// The parsed body for the request log when it records messages (a
-/// follower parses its bytes again: it let its parse go while it waited).
-fn logged_body(
-    app: &AppState,
-    body: &RequestBody,
-) -> Option<Arc<serde_json::Map<String, serde_json::Value>>> {
-    if !app.reqlog.records_bodies() {
-        return None;
-    }
-    body.get().ok()
 }
 
 pub fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -331,39 +298,26 @@ pub fn fingerprint_of(
     fingerprint::fingerprint(&req.body, user, &route.rules(tenant))
 }
 
-/// What `Cache-Control` allows for this request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CachePolicy {
-    pub read: bool,
-    pub write: bool,
-    pub coalesce: bool,
-}
-
-impl CachePolicy {
-    /// `no-cache`: skip reading the result cache (still coalesces, still
-    /// stores the fresh answer); `no-store`: no cache and no coalescing.
-    pub fn from_headers(headers: &HeaderMap) -> CachePolicy {
-        let mut p = CachePolicy {
-            read: true,
-            write: true,
-            coalesce: true,
-        };
-        for value in headers.get_all(header::CACHE_CONTROL) {
-            let Ok(v) = value.to_str() else { continue };
-            for directive in v.split(',').map(|d| d.trim().to_ascii_lowercase()) {
-                match directive.as_str() {
-                    "no-cache" => p.read = false,
-                    "no-store" => {
-                        p.read = false;
-                        p.write = false;
-                        p.coalesce = false;
-                    }
-                    _ => {}
+/// What `Cache-Control` allows for this request: `no-cache` skips reading
+/// the result cache (still coalesces, still stores the fresh answer);
+/// `no-store`: no cache and no coalescing.
+pub fn cache_policy(headers: &HeaderMap) -> CachePolicy {
+    let mut p = CachePolicy::default();
+    for value in headers.get_all(header::CACHE_CONTROL) {
+        let Ok(v) = value.to_str() else { continue };
+        for directive in v.split(',').map(|d| d.trim().to_ascii_lowercase()) {
+            match directive.as_str() {
+                "no-cache" => p.read = false,
+                "no-store" => {
+                    p.read = false;
+                    p.write = false;
+                    p.coalesce = false;
                 }
+                _ => {}
             }
         }
-        p
     }
+    p
 }
 
 /// Turns a delivery into the HTTP answer the client asked for.
@@ -470,7 +424,7 @@ fn sse_response(body: Body) -> Response {
 }
 
 /// Relays a streaming flight: everything buffered so far, then live. The
-/// leader's call asked the provider for usage (see `Route::body_for`); a
+/// leader's call asked the provider for usage (see `endpoints::chat`); a
 /// client that did not ask for it gets the stream without its usage chunk.
 fn live_response(flight: Arc<Flight>, include_usage: bool) -> Response {
     let rx = flight.subscribe();

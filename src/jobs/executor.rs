@@ -41,10 +41,11 @@ use crate::answer::{Answer, Verdict};
 use crate::certification::failover;
 use crate::config::RouteAttempts;
 use crate::fingerprint::Fingerprint;
-use crate::flight::{Ask, FlightError, RequestBody, Source};
+use crate::flight::{FlightError, RequestBody, Source};
 use crate::jobs::Env;
 use crate::routes::Route;
 use crate::store::{AttemptRecord, AttemptState, Completion, JobRecord, StartAttempt, now_ms};
+use crate::task::{AttemptRules, CachePolicy, Count, Finish, Task};
 
 /// How an attempt ended, as far as the worker is concerned.
 #[derive(Debug, Clone, PartialEq)]
@@ -204,7 +205,7 @@ async fn run_job(app: &Env, job: JobRecord) {
         if let Some(pause) = pause.take() {
             tokio::time::sleep(pause).await;
         }
-        let round = match failover::attempt_target(app.metrics(), &route, used) {
+        let round = match failover::Walk::attempt(&route, used).first(app.metrics()) {
             Ok(target) => {
                 // Attempt `used` would have gone to target `used` mod n:
                 // anything skipped on the way was a refused failover.
@@ -315,7 +316,7 @@ impl RoundCtx<'_> {
         }
         // Chosen only now, so a refused hedge is counted when it would have
         // gone, and a half-open circuit's probe is taken only if used.
-        let hedge_target = match failover::hedge_target(app.metrics(), route, target) {
+        let hedge_target = match failover::Walk::hedge(route, target).first(app.metrics()) {
             Ok(t) => t,
             Err(none) => {
                 tracing::info!(job = %job.id, route = %route.name, reason = %none, "first attempt still in flight: no target to hedge to");
@@ -447,7 +448,6 @@ impl AttemptCtx {
         let a = &self.attempt;
         let policy = &self.route.config.attempts;
         let deadline = Instant::now() + policy.timeout;
-        let cfg = &self.route.config;
         let target = &self.route.targets[self.target];
         // How long a late answer still counts, from the attempt's start:
         // the attempt timeout decides when the attempt becomes unknown,
@@ -455,21 +455,22 @@ impl AttemptCtx {
         // attempt may wait for its leader) until then.
         let late = policy.late_result_window.max(policy.timeout);
         let body = RequestBody::kept(self.request.clone());
-        let ask = Ask {
+        let task = Task {
             tenant: &self.tenant,
             route: &self.route,
             fp: self.fp,
             body: &body,
-            read_cache: cfg.cache.enabled,
-            read_negative: false,
-            write_cache: true,
-            coalesce: cfg.coalesce.enabled && self.share,
-            only_target: Some(self.target),
-            max_wait: Some(late),
-            call_timeout: Some(late.max(target.provider.timeout)),
+            wire: &crate::endpoints::chat::CHAT,
+            policy: CachePolicy::default(),
         };
+        let rules = AttemptRules {
+            late,
+            share: self.share,
+            read_cache: true,
+        };
+        let core = app.core();
         let work = async {
-            let mut delivery = app.coalescer().obtain(&ask).await?;
+            let mut delivery = core.attempt(&task, target, rules).await?;
             // `running`: the provider answered with headers and the body is
             // still coming. An answer that arrives whole goes straight from
             // `starting` to its end, one write fewer.
@@ -487,11 +488,11 @@ impl AttemptCtx {
             if answer.is_success()
                 && (answer.provider != target.provider.name || answer.model != target.model)
             {
-                let fresh = Ask {
+                let fresh = AttemptRules {
                     read_cache: false,
-                    ..ask
+                    ..rules
                 };
-                delivery = app.coalescer().obtain(&fresh).await?;
+                delivery = core.attempt(&task, target, fresh).await?;
                 answer = delivery.answer().await;
             }
             // A job is one incoming request, however it was created: its
@@ -499,8 +500,12 @@ impl AttemptCtx {
             // (its own call, another's flight, the cache). Retries and
             // hedges are more calls for the same request.
             if a.n == 1 && !a.hedge {
-                app.metrics()
-                    .request(&self.tenant, &self.route.name, delivery.outcome);
+                core.finish(Finish {
+                    tenant: Some(&self.tenant),
+                    route: Some(&self.route.name),
+                    count: Some(Count::Answered(delivery.outcome)),
+                    line: None,
+                });
             }
             Ok::<_, FlightError>(answer)
         };

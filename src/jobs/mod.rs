@@ -22,7 +22,6 @@ use tokio::sync::{Notify, watch};
 use crate::answer::{Answer, Form};
 use crate::config::Config;
 use crate::fingerprint::{self, Fingerprint, Rules};
-use crate::flight::Coalescer;
 use crate::metrics::Metrics;
 use crate::routes::{Route, Routes};
 use crate::store::{
@@ -52,8 +51,7 @@ pub trait JobEnv: Send + Sync + 'static {
     fn store(&self) -> &Arc<dyn Store>;
     fn metrics(&self) -> &Arc<Metrics>;
     fn routes(&self) -> &Routes;
-    fn coalescer(&self) -> &Coalescer;
-    fn reqlog(&self) -> &crate::reqlog::RequestLog;
+    fn core(&self) -> &crate::task::Core;
 }
 
 /// A shared handle on the gateway for the job workers.

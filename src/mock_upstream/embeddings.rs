@@ -294,6 +294,29 @@ pub(crate) fn answer_body(request: &EmbeddingsRequest) -> Result<String, serde_j
     serde_json::to_string(&list)
 }
 
+/// The mock's answer to an embeddings request, for the in-process `mock`
+/// provider kind: 200 and the list, or 400 and OpenAI's error object for a
+/// request OpenAI would refuse.
+pub fn embeddings_answer(request: &Value) -> (reqwest::StatusCode, String) {
+    let refused = |message: &str, param: Option<&str>| {
+        let error = json!({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": null}});
+        (reqwest::StatusCode::BAD_REQUEST, error.to_string())
+    };
+    if !request.is_object() {
+        return refused("mock: the body is not a JSON object", None);
+    }
+    match EmbeddingsRequest::parse(request) {
+        Err(invalid) => refused(&invalid.message, Some(invalid.param)),
+        Ok(parsed) => match answer_body(&parsed) {
+            Ok(body) => (reqwest::StatusCode::OK, body),
+            Err(e) => (
+                reqwest::StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": {"message": format!("mock: cannot serialize: {e}"), "type": "server_error", "param": null, "code": null}}).to_string(),
+            ),
+        },
+    }
+}
+
 /// The garbage of `kind` in place of the answer `body`. Embeddings do not
 /// stream: `stream_error` is the `error_object`, `empty_choices` a list with
 /// no data, `stream_without_done` and `finished_without_done` the answer as

@@ -31,7 +31,9 @@ use serde_json::Value;
 use tokio::task::JoinHandle;
 
 pub use answer::{completion, completion_chunks};
-pub use embeddings::{DEFAULT_DIMENSIONS, MAX_DIMENSIONS, MAX_ITEMS, embedding_of};
+pub use embeddings::{
+    DEFAULT_DIMENSIONS, MAX_DIMENSIONS, MAX_ITEMS, embedding_of, embeddings_answer,
+};
 use state::Shared;
 
 /// How long [`MockServer::shutdown`] waits for open connections to finish.

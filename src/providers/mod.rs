@@ -109,14 +109,26 @@ impl std::fmt::Debug for Provider {
     }
 }
 
+/// The provider API a call goes to: one per endpoint idem serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST {base_url}/chat/completions`.
+    Chat,
+    /// `POST {base_url}/embeddings`.
+    Embeddings,
+}
+
 /// Where a provider's calls go.
 #[derive(Debug)]
 enum Upstream {
     /// `kind = "mock"`: answered in process.
     Mock,
-    /// The chat completions URL of an OpenAI-compatible provider, parsed
-    /// once at start-up rather than on every call.
-    Http(reqwest::Url),
+    /// The URLs of an OpenAI-compatible provider, parsed once at start-up
+    /// rather than on every call.
+    Http {
+        chat: reqwest::Url,
+        embeddings: reqwest::Url,
+    },
 }
 
 /// True when `Authorization: Bearer <key>` is a valid header value.
@@ -192,12 +204,15 @@ impl Provider {
         let upstream = match config.kind {
             ProviderKind::Mock => Upstream::Mock,
             ProviderKind::Openai => {
-                Upstream::Http(chat_url(&config.base_url).map_err(|reason| {
-                    ProviderError::BaseUrl {
-                        provider: config.name.clone(),
-                        reason,
-                    }
-                })?)
+                let bad = |reason| ProviderError::BaseUrl {
+                    provider: config.name.clone(),
+                    reason,
+                };
+                let chat = chat_url(&config.base_url).map_err(bad)?;
+                let base = config.base_url.trim_end_matches('/');
+                let embeddings = reqwest::Url::parse(&format!("{base}/embeddings"))
+                    .map_err(|e| bad(format!("{base:?} is not a URL: {e}")))?;
+                Upstream::Http { chat, embeddings }
             }
         };
         Ok(Provider {
@@ -213,13 +228,24 @@ impl Provider {
         })
     }
 
-    /// Sends a chat completion body (already carrying the upstream model)
-    /// and returns once the provider has answered with a status. `timeout`
+    /// Sends a body (already carrying the upstream model) to `endpoint` and
+    /// returns once the provider has answered with a status. `timeout`
     /// bounds the wait for the head and every pause between body chunks.
-    pub async fn send(&self, body: Bytes, timeout: Duration) -> Result<UpstreamReply, CallError> {
+    pub async fn send(
+        &self,
+        endpoint: Endpoint,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<UpstreamReply, CallError> {
         match &self.upstream {
-            Upstream::Mock => Ok(self.mock_reply(&body)),
-            Upstream::Http(url) => self.http_send(url, body, timeout).await,
+            Upstream::Mock => Ok(self.mock_reply(endpoint, &body)),
+            Upstream::Http { chat, embeddings } => {
+                let url = match endpoint {
+                    Endpoint::Chat => chat,
+                    Endpoint::Embeddings => embeddings,
+                };
+                self.http_send(url, body, timeout).await
+            }
         }
     }
 
@@ -287,9 +313,21 @@ impl Provider {
         })
     }
 
-    fn mock_reply(&self, body: &[u8]) -> UpstreamReply {
+    fn mock_reply(&self, endpoint: Endpoint, body: &[u8]) -> UpstreamReply {
         let seq = self.mock_seq.fetch_add(1, Ordering::Relaxed) + 1;
         let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        if endpoint == Endpoint::Embeddings {
+            // The mock provider's own answer, or its 400 for a request
+            // OpenAI would refuse.
+            let (status, text) = crate::mock_upstream::embeddings_answer(&request);
+            return UpstreamReply {
+                status,
+                content_type: Some(HeaderValue::from_static("application/json")),
+                retry_after: None,
+                streaming: false,
+                body: Box::pin(futures_util::stream::iter([Ok(Bytes::from(text))])),
+            };
+        }
         let stream = request
             .get("stream")
             .and_then(|v| v.as_bool())

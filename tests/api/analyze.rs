@@ -513,7 +513,7 @@ async fn with_log_bodies_a_followers_line_has_its_messages() {
     let leader = tokio::spawn(send());
     held(&gw.mocks.primary, 1).await;
     let follower = tokio::spawn(send());
-    let table = &gw.state.coalescer.table;
+    let table = &gw.state.core.coalescer.table;
     eventually(Duration::from_secs(10), || table.followers() >= 1).await;
     release(&gw.mocks.primary, None).await;
     leader.await.unwrap();

@@ -130,7 +130,7 @@ async fn fails_again_after_the_ttl(app: &TestApp, body: &Value, cached_at: Insta
 async fn never_cached(app: &TestApp, fps: &[Fingerprint]) {
     for fp in fps {
         assert!(
-            matches!(app.state.coalescer.cache.get(fp), Lookup::Miss),
+            matches!(app.state.core.coalescer.cache.get(fp), Lookup::Miss),
             "a failure is in the result cache"
         );
     }

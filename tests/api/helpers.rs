@@ -318,13 +318,13 @@ impl TestApp {
     /// Waits until followers have joined flights, so a wave is known to be
     /// coalescing before the test releases the provider.
     pub async fn until_followers(&self, n: u64) {
-        let table = &self.state.coalescer.table;
+        let table = &self.state.core.coalescer.table;
         eventually(Duration::from_secs(30), || table.followers() >= n).await;
     }
 
     /// Waits until no flight is in progress.
     pub async fn until_no_flights(&self) {
-        let table = &self.state.coalescer.table;
+        let table = &self.state.core.coalescer.table;
         eventually(Duration::from_secs(30), || {
             table.inflight() == 0 && table.is_empty()
         })

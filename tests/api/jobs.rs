@@ -730,7 +730,7 @@ async fn an_attempt_past_its_timeout_is_unknown_and_its_late_answer_still_comple
     // Past both timeouts the call is still in progress, not abandoned.
     let seqs = held(&app.mock, 1).await;
     assert_eq!(seqs.len(), 1, "the provider call was cut");
-    assert_eq!(app.state.coalescer.table.inflight(), 1);
+    assert_eq!(app.state.core.coalescer.table.inflight(), 1);
     let r = app
         .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
         .await;

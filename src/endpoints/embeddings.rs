@@ -1,0 +1,1 @@
+//! Embeddings (`POST /v1/embeddings`) as upstream calls: each input item is its own task.
