@@ -379,6 +379,7 @@ mod tests {
         let route = crate::config::RouteConfig {
             model: "m".into(),
             targets: Vec::new(),
+            endpoints: Vec::new(),
             normalize: Default::default(),
             scope: Default::default(),
             contract: None,

@@ -538,11 +538,28 @@ pub enum Scope {
     User,
 }
 
+/// An API shape a route serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteEndpoint {
+    /// `POST /v1/chat/completions` (and jobs).
+    Chat,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+}
+
+fn default_endpoints() -> Vec<RouteEndpoint> {
+    vec![RouteEndpoint::Chat]
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     pub model: String,
     pub targets: Vec<TargetConfig>,
+    /// The endpoints this route serves (default: chat completions only).
+    #[serde(default = "default_endpoints")]
+    pub endpoints: Vec<RouteEndpoint>,
     #[serde(default)]
     pub normalize: Normalize,
     #[serde(default)]
@@ -1080,6 +1097,11 @@ targets = [{ provider = "openai", model = "gpt-4o-mini" }]
 [[routes]]
 model = "gpt-4o"
 targets = [{ provider = "openai", model = "gpt-4o" }]
+
+[[routes]]
+model = "text-embedding-3-small"
+endpoints = ["embeddings"]
+targets = [{ provider = "openai", model = "text-embedding-3-small" }]
 "#;
 
 /// Figment's messages name the key and the source; keep them, on one line.

@@ -136,6 +136,9 @@ struct RouteHandles {
     saved: Counter,
     races: Tally,
     failover_blocked: Counter,
+    /// Embeddings items by how each was answered.
+    items: HashMap<Outcome, Counter>,
+    saved_input_tokens: Counter,
 }
 
 /// A Prometheus counter that also keeps its own total, for the few figures
@@ -175,6 +178,9 @@ pub struct TenantStats {
     wait_timeouts: AtomicU64,
     leader_errors_shared: AtomicU64,
     waits_us: Mutex<Option<Hdr<u64>>>,
+    items: AtomicU64,
+    items_sent: AtomicU64,
+    saved_input_tokens: AtomicU64,
 }
 
 /// The figures `/v1/stats` returns for one tenant or for all.
@@ -207,6 +213,15 @@ pub struct StatsView {
     pub wait_timeouts: u64,
     pub wait_timeout_share: f64,
     pub leader_errors_shared: u64,
+    /// Embeddings items asked for (each item of a batch is a task).
+    pub embedding_items: u64,
+    /// Embeddings items sent upstream.
+    pub embedding_items_sent: u64,
+    /// Embeddings items answered without being sent (cache, a flight).
+    pub embedding_items_saved: u64,
+    /// Input tokens not spent: the share of each saved item in the call
+    /// that embedded it.
+    pub saved_input_tokens: u64,
 }
 
 /// All metrics of one gateway.
@@ -321,6 +336,23 @@ impl Metrics {
                     saved: counter("idem_saved_upstream_calls_total", &[("route", r)]),
                     races: Tally::new(counter("idem_attempt_races_total", &[("route", r)])),
                     failover_blocked: counter("idem_failover_blocked_total", &[("route", r)]),
+                    items: Outcome::ALL
+                        .iter()
+                        .filter(|o| **o != Outcome::Replay)
+                        .map(|o| {
+                            (
+                                *o,
+                                counter(
+                                    "idem_embedding_items_total",
+                                    &[("route", r), ("outcome", o.as_str())],
+                                ),
+                            )
+                        })
+                        .collect(),
+                    saved_input_tokens: counter(
+                        "idem_saved_tokens_total",
+                        &[("route", r), ("kind", "input")],
+                    ),
                 },
             );
         }
@@ -416,7 +448,15 @@ impl Metrics {
         );
         d(
             "idem_bad_upstream_answers_total",
-            "Provider answers with a 2xx status that were not a chat completion (not JSON, cut short, an error object, no choices), by provider.",
+            "Provider answers with a 2xx status that were not an answer of their endpoint (not JSON, cut short, an error object, no choices, too few embeddings), by provider.",
+        );
+        d(
+            "idem_embedding_items_total",
+            "Embeddings input items by route and how each was answered (leader: sent upstream; follower, cache-hit, negative-hit: not sent; bypass: sent without sharing).",
+        );
+        d(
+            "idem_saved_tokens_total",
+            "Tokens not spent because a request was answered without its own upstream call, by route and kind (input).",
         );
         d(
             "idem_upstream_answers_too_large_total",
@@ -538,6 +578,38 @@ impl Metrics {
             .map_or(&self.unattributed, |t| &**t);
         t.incoming.fetch_add(1, Ordering::Relaxed);
         t.refused[why.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The items of an embeddings request: how many were answered each way
+    /// (`leader`/`bypass`: sent), and the input tokens the ones not sent
+    /// saved.
+    pub fn embedding_items(
+        &self,
+        tenant: &str,
+        route: &str,
+        by_outcome: &[(Outcome, u64)],
+        saved_tokens: u64,
+    ) {
+        let sent: u64 = by_outcome
+            .iter()
+            .filter(|(o, _)| !o.saved_a_call())
+            .map(|(_, n)| n)
+            .sum();
+        let all: u64 = by_outcome.iter().map(|(_, n)| n).sum();
+        if let Some(r) = self.routes.get(route) {
+            for (o, n) in by_outcome {
+                if let Some(c) = r.items.get(o) {
+                    c.increment(*n);
+                }
+            }
+            r.saved_input_tokens.increment(saved_tokens);
+        }
+        if let Some(t) = self.tenant(tenant) {
+            t.items.fetch_add(all, Ordering::Relaxed);
+            t.items_sent.fetch_add(sent, Ordering::Relaxed);
+            t.saved_input_tokens
+                .fetch_add(saved_tokens, Ordering::Relaxed);
+        }
     }
 
     /// A follower waited `waited` for its leader.
@@ -698,6 +770,9 @@ impl Metrics {
             v.errors += get(&t.refused[Refusal::Error.index()]);
             v.wait_timeouts += get(&t.wait_timeouts);
             v.leader_errors_shared += get(&t.leader_errors_shared);
+            v.embedding_items += get(&t.items);
+            v.embedding_items_sent += get(&t.items_sent);
+            v.saved_input_tokens += get(&t.saved_input_tokens);
             if let Ok(h) = t.waits_us.lock()
                 && let Some(h) = h.as_ref()
             {
@@ -705,6 +780,7 @@ impl Metrics {
             }
         }
         v.saved_calls = v.followers + v.cache_hits + v.negative_hits + v.replays;
+        v.embedding_items_saved = v.embedding_items - v.embedding_items_sent;
         if v.incoming_requests > 0 {
             let n = v.incoming_requests as f64;
             v.upstream_ratio = v.upstream_calls as f64 / n;

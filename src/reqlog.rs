@@ -248,6 +248,9 @@ pub struct Entry<'a> {
     pub answer: Option<&'a Answer>,
     /// The request body (only its `messages`, and only with `bodies`).
     pub body: Option<&'a Map<String, Value>>,
+    /// Token counts when the answer's own do not say them (an embeddings
+    /// request's items, each with its share).
+    pub usage: Option<(u64, u64)>,
 }
 
 impl<'a> Entry<'a> {
@@ -274,6 +277,7 @@ impl<'a> Entry<'a> {
             latency,
             answer: None,
             body: None,
+            usage: None,
         }
     }
 
@@ -296,6 +300,11 @@ impl<'a> Entry<'a> {
 
     pub fn body_if(mut self, body: Option<&'a Map<String, Value>>) -> Self {
         self.body = body;
+        self
+    }
+
+    pub fn usage(mut self, usage: Option<(u64, u64)>) -> Self {
+        self.usage = usage;
         self
     }
 }
@@ -335,8 +344,11 @@ pub struct Line<'a> {
 impl<'a> Line<'a> {
     pub fn new(e: &Entry<'a>, bodies: bool) -> Line<'a> {
         let (upstream, (prompt_tokens, completion_tokens)) = match e.answer {
-            Some(a) => (a.upstream_latency, a.usage().unwrap_or((0, 0))),
-            None => (Duration::ZERO, (0, 0)),
+            Some(a) => (
+                a.upstream_latency,
+                e.usage.or_else(|| a.usage()).unwrap_or((0, 0)),
+            ),
+            None => (Duration::ZERO, e.usage.unwrap_or((0, 0))),
         };
         Line {
             time: humantime::format_rfc3339_millis(e.arrived).to_string(),

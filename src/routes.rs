@@ -11,13 +11,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::config::{Config, MaxWait, RouteConfig, TargetConfig};
+use crate::config::{Config, MaxWait, RouteConfig, RouteEndpoint, TargetConfig};
 use crate::contracts::CertSlot;
 use crate::contracts::{Contract, ContractError};
 use crate::fingerprint::Rules;
 use crate::metrics::Metrics;
 use crate::providers::breaker::Breaker;
-use crate::providers::{Provider, Providers};
+use crate::providers::{Endpoint, Provider, Providers};
 
 /// One target of a route: a provider and the model name it is sent.
 #[derive(Debug)]
@@ -70,6 +70,15 @@ impl Route {
                 wait + self.shared_delay
             }
         }
+    }
+
+    /// Whether this route serves `endpoint`.
+    pub fn serves(&self, endpoint: Endpoint) -> bool {
+        let wanted = match endpoint {
+            Endpoint::Chat => RouteEndpoint::Chat,
+            Endpoint::Embeddings => RouteEndpoint::Embeddings,
+        };
+        self.config.endpoints.contains(&wanted)
     }
 
     pub fn target_configs(&self) -> &[TargetConfig] {

@@ -38,7 +38,11 @@ impl Wire for Chat {
 
     /// A 2xx must be a chat completion (a streamed one must assemble into
     /// one), else it is a `bad_upstream_answer`.
-    fn check(&self, answer: Answer, _n: usize) -> Result<Answer, Box<Answer>> {
+    fn check(
+        &self,
+        answer: Answer,
+        _requests: &[Arc<Map<String, Value>>],
+    ) -> Result<Answer, Box<Answer>> {
         match answer.malformed() {
             None => Ok(answer),
             Some(why) => {
@@ -49,7 +53,7 @@ impl Wire for Chat {
     }
 
     /// One call, one completion: a chat call answers one task.
-    fn split(&self, answer: Answer, _n: usize) -> Vec<Answer> {
+    fn split(&self, answer: Answer, _requests: &[Arc<Map<String, Value>>]) -> Vec<Answer> {
         vec![answer]
     }
 }

@@ -49,11 +49,17 @@ pub trait Wire: Send + Sync + 'static {
     /// The body for `target` that carries these tasks' requests, in order:
     /// one request, or several when tasks share a call.
     fn body(&self, route: &Route, target: &Target, requests: &[Arc<Map<String, Value>>]) -> Bytes;
-    /// `answer` (a 2xx for `n` tasks) if it is a well-formed answer, else
-    /// the failure that replaces it (logged here, with why).
-    fn check(&self, answer: Answer, n: usize) -> Result<Answer, Box<Answer>>;
-    /// A checked answer for `n` tasks as one answer per task, in order.
-    fn split(&self, answer: Answer, n: usize) -> Vec<Answer>;
+    /// `answer` (a 2xx to a call for these requests) if it is a
+    /// well-formed answer, else the failure that replaces it (logged here,
+    /// with why).
+    fn check(
+        &self,
+        answer: Answer,
+        requests: &[Arc<Map<String, Value>>],
+    ) -> Result<Answer, Box<Answer>>;
+    /// A checked answer to a call for these requests as one answer per
+    /// request, in order.
+    fn split(&self, answer: Answer, requests: &[Arc<Map<String, Value>>]) -> Vec<Answer>;
 }
 
 pub struct LeaderJob {
@@ -307,7 +313,9 @@ async fn call_and_settle(call: &Call, led: Vec<Led>) {
     // On a contract route nothing reaches a follower, the cache or a job
     // before the answer is checked; `upstream` buffered a streamed answer,
     // which is released to the flight as one chunk once it passes.
-    if let Some(contract) = &call.route.contract {
+    if let Some(contract) = &call.route.contract
+        && call.wire.endpoint() == Endpoint::Chat
+    {
         answer = crate::contracts::enforce(contract, &call.route.name, answer);
         if answer.is_success()
             && answer.form == Form::Stream
@@ -317,7 +325,8 @@ async fn call_and_settle(call: &Call, led: Vec<Led>) {
         }
     }
     let answers = if answer.is_success() {
-        call.wire.split(answer, led.len())
+        let requests: Vec<_> = led.iter().map(|l| l.request.clone()).collect();
+        call.wire.split(answer, &requests)
     } else {
         vec![answer; led.len()]
     };
@@ -593,7 +602,6 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
     let provider = &t.provider;
     let requests: Vec<_> = led.iter().map(|l| l.request.clone()).collect();
     let body = call.wire.body(route, t, &requests);
-    drop(requests);
     // Only a call for one flight relays as it arrives: a shared call's
     // answer is split once it is whole.
     let relay_to = match led {
@@ -707,7 +715,7 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
     if !answer.is_success() {
         return answer;
     }
-    let answer = match call.wire.check(answer, led.len()) {
+    let answer = match call.wire.check(answer, &requests) {
         Ok(answer) => answer,
         Err(bad) => {
             metrics.bad_upstream_answer(&provider.name);

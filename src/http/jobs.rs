@@ -103,6 +103,9 @@ pub async fn create(
         .get(&req.model)
         .ok_or_else(|| ApiError::ModelNotFound(req.model.clone()))?
         .clone();
+    if !route.serves(crate::providers::Endpoint::Chat) {
+        return Err(super::openai::not_served(&req.model, "chat completions"));
+    }
     let fp = fingerprint_of(&tenant, &route, &req, &headers);
     let created = app
         .jobs
@@ -145,7 +148,9 @@ pub async fn create(
             body: Some(&body),
             answer: None,
             answer_of_job: None,
+            usage: None,
         }),
+        ..Finish::default()
     });
     Ok(resp)
 }
@@ -238,7 +243,9 @@ pub async fn chat(
             body: Some(&body),
             answer: None,
             answer_of_job: Some(answer),
+            usage: None,
         }),
+        ..Finish::default()
     });
     Ok(resp)
 }

@@ -6,6 +6,7 @@
 //! failure, `validate` checks bodies.
 
 pub mod admin;
+pub mod embeddings;
 pub mod error;
 pub mod jobs;
 pub mod openai;
@@ -223,6 +224,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(openai::ChatCompletions))
         .route("/chat/completions", post(openai::ChatCompletions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(openai::models))
         .route("/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::get))

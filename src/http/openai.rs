@@ -35,6 +35,7 @@ use crate::endpoints::chat::CHAT;
 use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{Delivery, Flight, RequestBody, Source};
 use crate::metrics::Outcome;
+use crate::providers::Endpoint;
 use crate::routes::Route;
 use crate::task::{CachePolicy, Count, Finish, Line, Task, TaskError};
 
@@ -155,6 +156,7 @@ fn refused(
         route,
         count: (!e.counted_by_its_job()).then(|| Count::Refused(e.refusal())),
         line: None,
+        ..Finish::default()
     });
     e
 }
@@ -178,6 +180,10 @@ async fn admit(
         let e = ApiError::ModelNotFound(req.model.clone());
         return Err(refused(&app, Some(&tenant), None, e));
     };
+    if !route.serves(Endpoint::Chat) {
+        let e = not_served(&req.model, "chat completions");
+        return Err(refused(&app, Some(&tenant), Some(&route.name), e));
+    }
     let fp = fingerprint_of(&tenant, &route, &req, &headers);
     let key = super::jobs::idempotency_key(&headers)
         .map_err(|e| refused(&app, Some(&tenant), Some(&route.name), e))?;
@@ -262,9 +268,20 @@ async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Re
             body: Some(&a.body),
             answer: source,
             answer_of_job: None,
+            usage: None,
         }),
+        ..Finish::default()
     });
     Ok(resp)
+}
+
+/// A route asked for an endpoint it does not serve.
+pub fn not_served(model: &str, endpoint: &str) -> ApiError {
+    ApiError::bad_request(
+        format!("model `{model}` does not serve {endpoint}"),
+        "model_not_supported",
+        Some("model"),
+    )
 }
 
 /// Reads and validates a chat completion body; also returns the bytes it
@@ -476,7 +493,8 @@ fn concat(chunks: Vec<Bytes>) -> Bytes {
     buf.freeze()
 }
 
-/// `GET /v1/models`: the routes' public model names.
+/// `GET /v1/models`: the routes' public model names, each with the
+/// endpoints it serves (`chat.completions`, `embeddings`).
 pub async fn models(
     State(app): State<AppState>,
     caller: Caller,
@@ -485,9 +503,17 @@ pub async fn models(
     let data: Vec<_> = app
         .routes
         .iter()
-        .map(
-            |r| json!({"id": r.name.as_ref(), "object": "model", "created": 0, "owned_by": "idem"}),
-        )
+        .map(|r| {
+            let endpoints: Vec<&str> = [
+                (Endpoint::Chat, "chat.completions"),
+                (Endpoint::Embeddings, "embeddings"),
+            ]
+            .into_iter()
+            .filter(|(e, _)| r.serves(*e))
+            .map(|(_, name)| name)
+            .collect();
+            json!({"id": r.name.as_ref(), "object": "model", "created": 0, "owned_by": "idem", "endpoints": endpoints})
+        })
         .collect();
     Ok(Json(json!({"object": "list", "data": data})))
 }

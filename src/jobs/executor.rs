@@ -505,6 +505,7 @@ impl AttemptCtx {
                     route: Some(&self.route.name),
                     count: Some(Count::Answered(delivery.outcome)),
                     line: None,
+                    ..Finish::default()
                 });
             }
             Ok::<_, FlightError>(answer)

@@ -294,6 +294,11 @@ impl Core {
             }
             None => {}
         }
+        if let (Some((by_outcome, saved)), Some(tenant), Some(route)) = (f.items, f.tenant, f.route)
+        {
+            self.metrics
+                .embedding_items(tenant, route, by_outcome, saved);
+        }
         let (Some(line), Some(tenant), Some(route)) = (f.line, f.tenant, f.route) else {
             return;
         };
@@ -333,7 +338,8 @@ impl Core {
                     line.started,
                 )
                 .answer(answer.as_deref())
-                .body_if(logged.as_deref());
+                .body_if(logged.as_deref())
+                .usage(line.usage);
                 if let Some((id, attempt)) = line.job {
                     entry = entry.job(id, attempt);
                 }
@@ -370,6 +376,7 @@ pub enum Count {
 }
 
 /// How a request ended, for [`Core::finish`].
+#[derive(Default)]
 pub struct Finish<'a> {
     /// As far as they are known.
     pub tenant: Option<&'a Arc<str>>,
@@ -380,6 +387,9 @@ pub struct Finish<'a> {
     pub count: Option<Count>,
     /// Its request-log line, once it has a fingerprint.
     pub line: Option<Line<'a>>,
+    /// An embeddings request's items: how many were answered each way, and
+    /// the input tokens those not sent saved.
+    pub items: Option<(&'a [(Outcome, u64)], u64)>,
 }
 
 /// A request-log line's parts.
@@ -398,4 +408,6 @@ pub struct Line<'a> {
     pub answer: Option<Source>,
     /// A job's answer, when there is no flight's.
     pub answer_of_job: Option<Arc<Answer>>,
+    /// Token counts, when the answer's own do not say them.
+    pub usage: Option<(u64, u64)>,
 }

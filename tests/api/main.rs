@@ -12,6 +12,7 @@ mod analyze;
 mod coalescing;
 mod contracts;
 mod dashboard;
+mod embeddings;
 mod garbage;
 mod gateway;
 mod helpers;

@@ -1,0 +1,321 @@
+//! `POST /v1/embeddings`: the embeddings face. It reads OpenAI's wire
+//! format, cuts the request into one task per input item
+//! ([`crate::endpoints::embeddings`]), hands them to the core together
+//! ([`Core::obtain_batch`]: each item its cache entry and its flight; the
+//! items this request leads share one upstream call) and renders the
+//! answers in the caller's order and encoding.
+//!
+//! `Idem-Outcome` is `leader` when anything was sent upstream, else
+//! `follower` or `cache-hit` (`negative-hit` when an item's failure was
+//! cached); `Idem-Items-Sent` and `Idem-Items-Saved` count the items.
+//!
+//! [`Core::obtain_batch`]: crate::task::Core::obtain_batch
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::openai::{
+    IDEM_FINGERPRINT, IDEM_OUTCOME, IDEM_PROVIDER, IDEM_USER, cache_policy, content_length,
+};
+use super::{AppState, Caller, validate};
+use crate::answer::Answer;
+use crate::endpoints::embeddings::{self as wire, EMBEDDINGS, Encoding};
+use crate::fingerprint::{self, Fingerprint};
+use crate::flight::{RequestBody, Source};
+use crate::metrics::Outcome;
+use crate::providers::Endpoint;
+use crate::routes::Route;
+use crate::task::{Count, Finish, Line, Task};
+
+pub const IDEM_ITEMS_SENT: HeaderName = HeaderName::from_static("idem-items-sent");
+pub const IDEM_ITEMS_SAVED: HeaderName = HeaderName::from_static("idem-items-saved");
+
+/// `POST /v1/embeddings`.
+pub async fn embeddings(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    match handle(&app, &headers, body, started).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            let refusal = e.refusal();
+            let mut resp = e.into_response();
+            resp.headers_mut()
+                .insert(IDEM_OUTCOME, HeaderValue::from_static(refusal.as_str()));
+            resp
+        }
+    }
+}
+
+/// A request as far as it got before it was refused, for counting it.
+struct Known<'a> {
+    app: &'a AppState,
+    tenant: Option<&'a Arc<str>>,
+    route: Option<&'a Arc<str>>,
+}
+
+impl Known<'_> {
+    fn refused(&self, e: ApiError) -> ApiError {
+        self.app.core.finish(Finish {
+            tenant: self.tenant,
+            route: self.route,
+            count: Some(Count::Refused(e.refusal())),
+            ..Finish::default()
+        });
+        e
+    }
+}
+
+async fn handle(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    let mut known = Known {
+        app,
+        tenant: None,
+        route: None,
+    };
+    let caller = Caller::admit(headers, app).map_err(|e| known.refused(e))?;
+    let tenant = caller.tenant().map_err(|e| known.refused(e))?;
+    known.tenant = Some(&tenant);
+    let bytes = validate::read_body(body, content_length(headers), caller.body_limit(app))
+        .await
+        .map_err(|e| known.refused(e))?;
+    let object =
+        validate::parse_object(&bytes, app.limits.max_json_depth).map_err(|e| known.refused(e))?;
+    drop(bytes);
+    let req = wire::parse(object)
+        .map_err(|i| known.refused(ApiError::bad_request(i.message, i.code, Some(i.param))))?;
+    let Some(route) = app.routes.get(&req.model).cloned() else {
+        return Err(known.refused(ApiError::ModelNotFound(req.model)));
+    };
+    known.route = Some(&route.name);
+    if !route.serves(Endpoint::Embeddings) {
+        return Err(known.refused(super::openai::not_served(&req.model, "embeddings")));
+    }
+    let user = headers.get(IDEM_USER).and_then(|v| v.to_str().ok());
+    let rules = route.rules(&tenant);
+    let fp = fingerprint::fingerprint(&req.whole, user, &rules);
+    let bodies: Vec<(RequestBody, Fingerprint)> = req
+        .items
+        .into_iter()
+        .map(|item| {
+            let fp = fingerprint::fingerprint(&item, user, &rules);
+            (RequestBody::kept(Arc::new(item)), fp)
+        })
+        .collect();
+    let policy = cache_policy(headers);
+    let tasks: Vec<Task<'_>> = bodies
+        .iter()
+        .map(|(body, fp)| Task {
+            tenant: &tenant,
+            route: &route,
+            fp: *fp,
+            body,
+            wire: &EMBEDDINGS,
+            policy,
+        })
+        .collect();
+    let obtained = app.core.obtain_batch(&tasks).await;
+    let mut items = Vec::with_capacity(obtained.len());
+    let mut refused = None;
+    for result in obtained {
+        match result {
+            Ok(d) => {
+                let answer = match &d.source {
+                    Source::Done(a) => a.clone(),
+                    Source::Live(_) => d.answer().await,
+                };
+                items.push((d.outcome, answer));
+            }
+            Err(e) => {
+                refused.get_or_insert(ApiError::from(e));
+            }
+        }
+    }
+    let reply = Reply {
+        app,
+        tenant: &tenant,
+        route: &route,
+        fp,
+        started,
+    };
+    match refused {
+        Some(e) => Ok(reply.refused(e)),
+        None => Ok(reply.answer(&items, req.encoding)),
+    }
+}
+
+/// The answer to an embeddings request, counted and logged.
+struct Reply<'a> {
+    app: &'a AppState,
+    tenant: &'a Arc<str>,
+    route: &'a Arc<Route>,
+    fp: Fingerprint,
+    started: Instant,
+}
+
+impl Reply<'_> {
+    /// An error of idem's own for the request (an item's wait ran out, no
+    /// target could take the items).
+    fn refused(&self, e: ApiError) -> Response {
+        let refusal = e.refusal();
+        let mut resp = e.into_response();
+        let h = resp.headers_mut();
+        h.insert(IDEM_OUTCOME, HeaderValue::from_static(refusal.as_str()));
+        if let Ok(v) = HeaderValue::from_str(&self.fp.to_string()) {
+            h.insert(IDEM_FINGERPRINT, v);
+        }
+        self.finish(
+            Count::Refused(refusal),
+            refusal.as_str(),
+            resp.status(),
+            None,
+            None,
+        );
+        resp
+    }
+
+    /// The items' answers, or the first item's failure: an item that failed
+    /// fails the request.
+    fn answer(&self, items: &[(Outcome, Arc<Answer>)], encoding: Encoding) -> Response {
+        let outcome = batch_outcome(items.iter().map(|(o, _)| *o));
+        let sent = items.iter().filter(|(o, _)| !o.saved_a_call()).count();
+        let saved = items.len() - sent;
+        let mut resp = match items.iter().find(|(_, a)| !a.is_success()) {
+            Some((_, failed)) => {
+                let mut r = Response::new(Body::from(failed.body.clone()));
+                *r.status_mut() = failed.status;
+                if let Some(ra) = failed.retry_after {
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(ra.as_secs()));
+                }
+                r
+            }
+            None => {
+                let answers: Vec<&Answer> = items.iter().map(|(_, a)| &**a).collect();
+                let model = answers.first().map_or("", |a| &*a.model);
+                let sent_tokens = items
+                    .iter()
+                    .filter(|(o, _)| !o.saved_a_call())
+                    .map(|(_, a)| wire::tokens_of(a))
+                    .sum();
+                Response::new(Body::from(wire::render(
+                    &answers,
+                    encoding,
+                    model,
+                    sent_tokens,
+                )))
+            }
+        };
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(IDEM_OUTCOME, HeaderValue::from_static(outcome.as_str()));
+        if let Ok(v) = HeaderValue::from_str(&self.fp.to_string()) {
+            h.insert(IDEM_FINGERPRINT, v);
+        }
+        if let Some((_, first)) = items.first()
+            && let Ok(v) = HeaderValue::from_str(&first.provider)
+        {
+            h.insert(IDEM_PROVIDER, v);
+        }
+        h.insert(IDEM_ITEMS_SENT, HeaderValue::from(sent));
+        h.insert(IDEM_ITEMS_SAVED, HeaderValue::from(saved));
+        let mut by_outcome: Vec<(Outcome, u64)> = Vec::new();
+        for (o, _) in items {
+            match by_outcome.iter_mut().find(|(k, _)| k == o) {
+                Some((_, n)) => *n += 1,
+                None => by_outcome.push((*o, 1)),
+            }
+        }
+        let saved_tokens = items
+            .iter()
+            .filter(|(o, a)| o.saved_a_call() && a.is_success())
+            .map(|(_, a)| wire::tokens_of(a))
+            .sum();
+        let tokens: u64 = items.iter().map(|(_, a)| wire::tokens_of(a)).sum();
+        self.finish(
+            Count::Answered(outcome),
+            outcome.as_str(),
+            resp.status(),
+            Some((&by_outcome, saved_tokens)),
+            items.first().map(|(_, a)| (a.clone(), tokens)),
+        );
+        resp
+    }
+
+    fn finish(
+        &self,
+        count: Count,
+        outcome: &'static str,
+        status: StatusCode,
+        items: Option<(&[(Outcome, u64)], u64)>,
+        answer: Option<(Arc<Answer>, u64)>,
+    ) {
+        let (answer, usage) = match answer {
+            Some((a, tokens)) => (Some(Source::Done(a)), Some((tokens, 0))),
+            None => (None, None),
+        };
+        self.app.core.finish(Finish {
+            tenant: Some(self.tenant),
+            route: Some(&self.route.name),
+            count: Some(count),
+            line: Some(Line {
+                fp: self.fp,
+                outcome,
+                status: status.as_u16(),
+                started: self.started,
+                job: None,
+                body: None,
+                answer,
+                answer_of_job: None,
+                usage,
+            }),
+            items,
+        });
+    }
+}
+
+/// A batch's outcome: `leader` if anything was sent (`bypass` if what was
+/// sent was not shared), else `follower` if an item waited for another
+/// request's call, else `negative-hit` if an item's failure came from the
+/// cache, else `cache-hit`.
+fn batch_outcome(items: impl Iterator<Item = Outcome> + Clone) -> Outcome {
+    let any = |o: Outcome| items.clone().any(|i| i == o);
+    if any(Outcome::Leader) {
+        Outcome::Leader
+    } else if any(Outcome::Bypass) {
+        Outcome::Bypass
+    } else if any(Outcome::Follower) {
+        Outcome::Follower
+    } else if any(Outcome::NegativeHit) {
+        Outcome::NegativeHit
+    } else {
+        Outcome::CacheHit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_a_leader_if_anything_was_sent() {
+        use Outcome::*;
+        let of = |v: &[Outcome]| batch_outcome(v.iter().copied());
+        assert_eq!(of(&[CacheHit, Leader, Follower]), Leader);
+        assert_eq!(of(&[CacheHit, Bypass]), Bypass);
+        assert_eq!(of(&[CacheHit, Follower]), Follower);
+        assert_eq!(of(&[CacheHit, NegativeHit]), NegativeHit);
+        assert_eq!(of(&[CacheHit, CacheHit]), CacheHit);
+    }
+}
