@@ -249,16 +249,23 @@ impl IntoResponse for ApiError {
 
 impl From<JobError> for ApiError {
     fn from(e: JobError) -> ApiError {
+        let message = e.to_string();
+        let conflict = |code| ApiError::Conflict { message, code };
         match e {
-            JobError::KeyReused => ApiError::Conflict {
-                message: e.to_string(),
-                code: "idempotency_key_reused",
-            },
+            JobError::KeyReused => conflict("idempotency_key_reused"),
             JobError::NotFound => ApiError::NotFound("job"),
+            JobError::AttemptNotFound => ApiError::NotFound("attempt"),
             JobError::InProgress { job_id } => ApiError::JobInProgress {
                 job_id,
                 created: false,
             },
+            JobError::Closed { .. } | JobError::Succeeded | JobError::Lost => {
+                conflict("job_completed")
+            }
+            JobError::AttemptInProgress => conflict("attempt_in_progress"),
+            JobError::NotUnknown { .. } | JobError::AttemptChanged { .. } => {
+                conflict("attempt_not_unknown")
+            }
             JobError::Store(e) => e.into(),
         }
     }

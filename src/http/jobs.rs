@@ -20,10 +20,10 @@ use super::{ApiPath, ApiQuery};
 use super::{AppState, Caller};
 use crate::fingerprint::Fingerprint;
 use crate::flight::RequestBody;
-use crate::jobs::{JobError, job_answer, job_json};
+use crate::jobs::{JobError, Resolution, job_answer, job_json};
 use crate::metrics::Outcome;
 use crate::routes::Route;
-use crate::store::{AttemptState, Completion, Cursor, JobRecord, JobState, now_ms};
+use crate::store::{Cursor, JobRecord, JobState};
 use crate::task::{Count, Finish, Line};
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -333,46 +333,14 @@ pub async fn retry(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant()?;
-    let job = load(&app, &tenant, &id).await?;
-    if job.state.is_final() {
-        return Err(ApiError::Conflict {
-            message: format!(
-                "the job is {}; it takes no more attempts",
-                job.state.as_str()
-            ),
-            code: "job_completed",
-        });
-    }
-    let attempts = app.store.attempts(&job.id).await?;
-    if attempts.iter().any(|a| a.state.is_active())
-        || matches!(job.state, JobState::Queued | JobState::Running)
-    {
-        return Err(ApiError::Conflict {
-            message: "an attempt of this job is starting, running or unknown; resolve it first"
-                .into(),
-            code: "attempt_in_progress",
-        });
-    }
-    // failed -> queued, atomically guarded in the store.
-    if !app
-        .store
-        .requeue(&job.id, None, now_ms(), true, now_ms())
-        .await?
-    {
-        return Err(ApiError::Conflict {
-            message: "an attempt of this job is starting, running or unknown; resolve it first"
-                .into(),
-            code: "attempt_in_progress",
-        });
-    }
-    app.jobs.wake();
-    let job = load(&app, &tenant, &id).await?;
+    check_id(&id)?;
+    let job = app.jobs.retry(&tenant, &id).await?;
     Ok((StatusCode::ACCEPTED, Json(with_attempts(&app, &job).await?)).into_response())
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Resolution {
+pub struct ResolutionBody {
     outcome: String,
     #[serde(default)]
     result: Option<Value>,
@@ -392,84 +360,19 @@ pub async fn resolve(
     let n: i32 = n.parse().map_err(|_| ApiError::NotFound("attempt"))?;
     let bytes =
         validate::read_body(body, content_length(&headers), app.limits.max_body_bytes).await?;
-    let res: Resolution = serde_json::from_slice(&bytes).map_err(|e| {
+    let res: ResolutionBody = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(format!("invalid resolution: {e}"), "invalid_json", None)
     })?;
-    if !matches!(res.outcome.as_str(), "failed" | "cancelled" | "succeeded") {
-        return Err(ApiError::bad_request(
-            "`outcome` must be failed, cancelled or succeeded",
-            "invalid_value",
-            Some("outcome"),
-        ));
-    }
-    let job = app
-        .store
-        .job(None, &id)
-        .await?
-        .ok_or(ApiError::NotFound("job"))?;
-    let attempt = app
-        .store
-        .attempts(&id)
-        .await?
-        .into_iter()
-        .find(|a| a.n == n)
-        .ok_or(ApiError::NotFound("attempt"))?;
-    if attempt.state != AttemptState::Unknown {
-        return Err(ApiError::Conflict {
-            message: format!("attempt {n} is {}, not unknown", attempt.state.as_str()),
-            code: "attempt_not_unknown",
-        });
-    }
-    let now = now_ms();
-    match res.outcome.as_str() {
-        "failed" | "cancelled" => {
-            let to = if res.outcome == "failed" {
-                AttemptState::Failed
-            } else {
-                AttemptState::Cancelled
-            };
-            if !app
-                .store
-                .finish_attempt(&id, n, to, Some("resolved"), now)
-                .await?
-            {
-                return Err(ApiError::Conflict {
-                    message: format!("attempt {n} changed meanwhile"),
-                    code: "attempt_not_unknown",
-                });
-            }
-            // The attempt's outcome is the job's: an attempt resolved as
-            // cancelled (the work is not wanted, done or not) cancels the
-            // job; one resolved as failed fails it (a manual retry may
-            // reopen it).
-            if to == AttemptState::Cancelled {
-                app.store.cancel_job(&job.tenant, &id, now).await?;
-            } else {
-                let why = format!("attempt {n} was unknown and resolved as failed");
-                app.store.fail_job(&id, &why, now).await?;
-            }
-        }
-        "succeeded" => {
-            let result = res.result.ok_or_else(|| {
-                ApiError::bad_request(
-                    "`result` is required to resolve as succeeded",
-                    "missing_required_parameter",
-                    Some("result"),
-                )
-            })?;
-            match app
-                .store
-                .complete(&id, n, attempt.read_version, &result.to_string(), now)
-                .await?
-            {
-                Completion::Won(_) => {}
-                Completion::Lost => {
-                    return Err(ApiError::Conflict {
-                        message: "the job was completed or changed by something else; the result was discarded".into(),
-                        code: "job_completed",
-                    });
-                }
-            }
+    let resolution = match (res.outcome.as_str(), res.result) {
+        ("failed", _) => Resolution::Failed,
+        ("cancelled", _) => Resolution::Cancelled,
+        ("succeeded", Some(result)) => Resolution::Succeeded(result),
+        ("succeeded", None) => {
+            return Err(ApiError::bad_request(
+                "`result` is required to resolve as succeeded",
+                "missing_required_parameter",
+                Some("result"),
+            ));
         }
         _ => {
             return Err(ApiError::bad_request(
@@ -478,14 +381,8 @@ pub async fn resolve(
                 Some("outcome"),
             ));
         }
-    }
-    tracing::warn!(job = %id, attempt = n, outcome = %res.outcome, route = %job.route, "attempt resolved out of band");
-    app.jobs.changed(&id);
-    let job = app
-        .store
-        .job(None, &id)
-        .await?
-        .ok_or(ApiError::NotFound("job"))?;
+    };
+    let job = app.jobs.resolve(&id, n, resolution).await?;
     Ok(Json(with_attempts(&app, &job).await?))
 }
 
@@ -497,18 +394,7 @@ pub async fn cancel(
 ) -> Result<Json<Value>, ApiError> {
     let tenant = caller.tenant()?;
     check_id(&id)?;
-    let job = app
-        .store
-        .cancel_job(&tenant, &id, now_ms())
-        .await?
-        .ok_or(ApiError::NotFound("job"))?;
-    if job.state == JobState::Succeeded {
-        return Err(ApiError::Conflict {
-            message: "the job already succeeded".into(),
-            code: "job_completed",
-        });
-    }
-    app.jobs.changed(&id);
+    let job = app.jobs.cancel(&tenant, &id).await?;
     Ok(Json(with_attempts(&app, &job).await?))
 }
 

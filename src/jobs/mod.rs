@@ -25,7 +25,8 @@ use crate::fingerprint::{self, Fingerprint, Rules};
 use crate::metrics::Metrics;
 use crate::routes::{Route, Routes};
 use crate::store::{
-    AttemptRecord, Created, JobRecord, JobState, NewJob, Store, StoreError, now_ms, rfc3339,
+    AttemptRecord, AttemptState, Completion, Created, JobRecord, JobState, NewJob, Store,
+    StoreError, now_ms, rfc3339,
 };
 
 /// Why the job subsystem could not do what was asked. The HTTP layer
@@ -36,11 +37,55 @@ pub enum JobError {
     KeyReused,
     #[error("job not found")]
     NotFound,
+    #[error("attempt not found")]
+    AttemptNotFound,
     /// The job was not done by the caller's deadline.
     #[error("the job is still in progress")]
     InProgress { job_id: String },
+    /// The job is succeeded, failed or cancelled: it takes no more attempts.
+    #[error("the job is {state}; it takes no more attempts")]
+    Closed { state: &'static str },
+    /// The job already succeeded.
+    #[error("the job already succeeded")]
+    Succeeded,
+    /// An attempt is `starting`, `running` or `unknown` (or the job is
+    /// queued or running): no new attempt until it is resolved.
+    #[error("an attempt of this job is starting, running or unknown; resolve it first")]
+    AttemptInProgress,
+    /// Only an `unknown` attempt is resolved out of band.
+    #[error("attempt {n} is {state}, not unknown")]
+    NotUnknown { n: i32, state: &'static str },
+    /// The attempt changed while it was being resolved.
+    #[error("attempt {n} changed meanwhile")]
+    AttemptChanged { n: i32 },
+    /// A resolution as succeeded lost the compare-and-swap.
+    #[error("the job was completed or changed by something else; the result was discarded")]
+    Lost,
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// How an operator settles an `unknown` attempt out of band.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// The provider did not do the work: the job fails (a manual retry may
+    /// reopen it).
+    Failed,
+    /// The work is not wanted, done or not: the job is cancelled.
+    Cancelled,
+    /// The provider did the work; this is its result, which completes the
+    /// job by compare-and-swap like any attempt's.
+    Succeeded(Value),
+}
+
+impl Resolution {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Resolution::Failed => "failed",
+            Resolution::Cancelled => "cancelled",
+            Resolution::Succeeded(_) => "succeeded",
+        }
+    }
 }
 
 /// What the executor and the reconciler use of the gateway: its handles,
@@ -141,6 +186,116 @@ impl Jobs {
             }
             Created::Existing(_) => Err(JobError::KeyReused),
         }
+    }
+
+    /// A manual retry (design: the job state machine): a failed job goes
+    /// back to the queue with one more attempt in its budget. Refused while
+    /// the job is queued or running or any attempt is `starting`, `running`
+    /// or `unknown`; the store's guard settles a race.
+    pub async fn retry(&self, tenant: &str, id: &str) -> Result<JobRecord, JobError> {
+        let job = self.load(Some(tenant), id).await?;
+        if job.state.is_final() {
+            return Err(JobError::Closed {
+                state: job.state.as_str(),
+            });
+        }
+        let attempts = self.store.attempts(&job.id).await?;
+        if attempts.iter().any(|a| a.state.is_active())
+            || matches!(job.state, JobState::Queued | JobState::Running)
+        {
+            return Err(JobError::AttemptInProgress);
+        }
+        // failed -> queued, atomically guarded in the store.
+        if !self
+            .store
+            .requeue(&job.id, None, now_ms(), true, now_ms())
+            .await?
+        {
+            return Err(JobError::AttemptInProgress);
+        }
+        self.wake();
+        self.load(Some(tenant), id).await
+    }
+
+    /// Settles an `unknown` attempt out of band (an operator's decision):
+    /// as failed it fails the job, as cancelled it cancels it, as succeeded
+    /// its result completes the job by compare-and-swap.
+    pub async fn resolve(
+        &self,
+        id: &str,
+        n: i32,
+        resolution: Resolution,
+    ) -> Result<JobRecord, JobError> {
+        let job = self.load(None, id).await?;
+        let attempt = self
+            .store
+            .attempts(id)
+            .await?
+            .into_iter()
+            .find(|a| a.n == n)
+            .ok_or(JobError::AttemptNotFound)?;
+        if attempt.state != AttemptState::Unknown {
+            return Err(JobError::NotUnknown {
+                n,
+                state: attempt.state.as_str(),
+            });
+        }
+        let now = now_ms();
+        match &resolution {
+            Resolution::Failed | Resolution::Cancelled => {
+                let to = if resolution == Resolution::Failed {
+                    AttemptState::Failed
+                } else {
+                    AttemptState::Cancelled
+                };
+                if !self
+                    .store
+                    .finish_attempt(id, n, to, Some("resolved"), now)
+                    .await?
+                {
+                    return Err(JobError::AttemptChanged { n });
+                }
+                // The attempt's outcome is the job's.
+                if to == AttemptState::Cancelled {
+                    self.store.cancel_job(&job.tenant, id, now).await?;
+                } else {
+                    let why = format!("attempt {n} was unknown and resolved as failed");
+                    self.store.fail_job(id, &why, now).await?;
+                }
+            }
+            Resolution::Succeeded(result) => {
+                match self
+                    .store
+                    .complete(id, n, attempt.read_version, &result.to_string(), now)
+                    .await?
+                {
+                    Completion::Won(_) => {}
+                    Completion::Lost => return Err(JobError::Lost),
+                }
+            }
+        }
+        tracing::warn!(job = %id, attempt = n, outcome = resolution.as_str(), route = %job.route, "attempt resolved out of band");
+        self.changed(id);
+        self.load(None, id).await
+    }
+
+    /// Cancels a job that has not completed (a succeeded one stays so).
+    pub async fn cancel(&self, tenant: &str, id: &str) -> Result<JobRecord, JobError> {
+        let job = self
+            .store
+            .cancel_job(tenant, id, now_ms())
+            .await?
+            .ok_or(JobError::NotFound)?;
+        if job.state == JobState::Succeeded {
+            return Err(JobError::Succeeded);
+        }
+        self.changed(id);
+        Ok(job)
+    }
+
+    /// The job `id`, within `tenant`'s jobs when given.
+    async fn load(&self, tenant: Option<&str>, id: &str) -> Result<JobRecord, JobError> {
+        self.store.job(tenant, id).await?.ok_or(JobError::NotFound)
     }
 
     /// Wakes one idle worker (new or requeued work on this replica).
