@@ -45,6 +45,7 @@ pub mod fingerprint;
 pub mod flight;
 pub mod http;
 pub mod jobs;
+pub mod lease;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod providers;
@@ -72,6 +73,7 @@ mod layout {
         "fingerprint",
         "flight",
         "jobs",
+        "lease",
         "metrics",
         "providers",
         "reqlog",

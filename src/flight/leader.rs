@@ -469,11 +469,7 @@ impl Progress {
 async fn heartbeat(call: &Call, led: &[Led], progress: &Progress) {
     let lease = call.route.config.coalesce.lease;
     let stuck_after = call.call_timeout + lease / 3;
-    // The leases were just taken: the first renewal is due a third of a
-    // lease later, not at once.
-    let every = lease / 3;
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::lease::renewals(lease);
     let mut lost_shared = vec![false; led.len()];
     loop {
         tick.tick().await;
@@ -547,8 +543,7 @@ async fn follow_remote(
 ) -> Followed {
     let lease = call.route.config.coalesce.lease;
     let keep_local = async {
-        let every = lease / 3;
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut tick = crate::lease::renewals(lease);
         loop {
             tick.tick().await;
             flight.renew(lease);

@@ -158,10 +158,7 @@ async fn run_job(app: &Env, job: JobRecord) {
         let (id, worker) = (job.id.clone(), app.jobs().worker_id.clone());
         let lease = app.config().jobs.claim_lease;
         AbortOnDrop(tokio::spawn(async move {
-            // The first renewal is due a third of a lease after the claim,
-            // not at once (a wasted write per job).
-            let every = lease / 3;
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            let mut tick = crate::lease::renewals(lease);
             loop {
                 tick.tick().await;
                 let _ = store.renew_claim(&id, &worker, now_ms() + ms(lease)).await;
@@ -560,8 +557,7 @@ impl AttemptCtx {
     async fn lease_lost(&self) {
         let (app, a) = (&self.app, &self.attempt);
         let lease = app.config().jobs.attempt_lease;
-        let every = lease / 3;
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut tick = crate::lease::renewals(lease);
         loop {
             tick.tick().await;
             let renewed = app
