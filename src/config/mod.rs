@@ -18,7 +18,7 @@ use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The configuration used when no file is given (SPEC section 8).
-pub const EMBEDDED_DEFAULT: &str = include_str!("default.toml");
+pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
 
 /// Where the configuration came from, for error messages and the start-up log.
 #[derive(Debug, Clone, PartialEq, Eq)]
