@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::{ConfigError, Source};
+
 /// The per-target circuit breaker: `[breaker]` for every provider,
 /// `[providers.breaker]` for one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -25,5 +27,19 @@ impl Default for BreakerConfig {
             failures: 5,
             cooldown: Duration::from_secs(30),
         }
+    }
+}
+
+impl BreakerConfig {
+    /// The checks of a breaker whose keys start with `at`: `breaker`, or a
+    /// provider's `providers[N].breaker`.
+    pub(super) fn validate(&self, at: &str, source: &Source) -> Result<(), ConfigError> {
+        if self.failures > 0 && self.cooldown.is_zero() {
+            return Err(source.invalid(
+                format!("{at}.cooldown"),
+                "must be above zero while failures > 0",
+            ));
+        }
+        Ok(())
     }
 }

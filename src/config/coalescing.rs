@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::{ConfigError, Source};
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CoalescingConfig {
@@ -59,6 +61,16 @@ impl CoalescingConfig {
                 "expected \"memory\", a redis:// URL or {CLUSTER_SCHEME}host:port,host:port,..."
             ))
         }
+    }
+
+    /// The checks of `[coalescing]` that its types cannot express.
+    pub(super) fn validate(&self, source: &Source) -> Result<(), ConfigError> {
+        if self.cache_max_bytes == 0 {
+            return Err(source.invalid("coalescing.cache_max_bytes", "must be above zero"));
+        }
+        self.shared_backend()
+            .map_err(|m| source.invalid("coalescing.backend", m))?;
+        Ok(())
     }
 }
 

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::{ConfigError, Source};
+
 /// Route contracts and their certifications.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -20,5 +22,15 @@ impl Default for ContractsConfig {
         Self {
             refresh_interval: Duration::from_secs(10),
         }
+    }
+}
+
+impl ContractsConfig {
+    /// The checks of `[contracts]` that its types cannot express.
+    pub(super) fn validate(&self, source: &Source) -> Result<(), ConfigError> {
+        if self.refresh_interval < Duration::from_millis(10) {
+            return Err(source.invalid("contracts.refresh_interval", "must be at least 10ms"));
+        }
+        Ok(())
     }
 }

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::{ConfigError, Source};
+
 /// The job executor of this replica.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -37,5 +39,21 @@ impl Default for JobsConfig {
             claim_lease: Duration::from_secs(30),
             reconcile_interval: Duration::from_secs(5),
         }
+    }
+}
+
+impl JobsConfig {
+    /// The checks of `[jobs]` that its types cannot express.
+    pub(super) fn validate(&self, source: &Source) -> Result<(), ConfigError> {
+        if self.attempt_lease < Duration::from_millis(300) {
+            return Err(source.invalid("jobs.attempt_lease", "must be at least 300ms"));
+        }
+        if self.claim_lease < Duration::from_millis(300) {
+            return Err(source.invalid("jobs.claim_lease", "must be at least 300ms"));
+        }
+        if self.reconcile_interval.is_zero() || self.poll_interval.is_zero() {
+            return Err(source.invalid("jobs.reconcile_interval", "intervals must be above zero"));
+        }
+        Ok(())
     }
 }

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::{ConfigError, Source};
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
@@ -20,5 +22,21 @@ impl Default for LogConfig {
             requests: "stdout".into(),
             bodies: false,
         }
+    }
+}
+
+impl LogConfig {
+    /// The checks of `[log]` that its types cannot express.
+    pub(super) fn validate(&self, source: &Source) -> Result<(), ConfigError> {
+        if !matches!(self.format.as_str(), "text" | "json") {
+            return Err(source.invalid("log.format", "expected \"text\" or \"json\""));
+        }
+        if self.requests.is_empty() {
+            return Err(source.invalid(
+                "log.requests",
+                "expected \"stdout\", \"off\" or a file path",
+            ));
+        }
+        Ok(())
     }
 }

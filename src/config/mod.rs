@@ -4,14 +4,15 @@
 //! Loading is two steps. [`figment`] merges the file (or the embedded default)
 //! with the environment and deserializes with `deny_unknown_fields`, so a typo
 //! in a key is an error that names the key and the file. [`Config::validate`]
-//! then checks what types cannot: references between sections, ranges, and
-//! that tenant keys are unambiguous. Everything after start-up reads the
-//! validated [`Config`] through an `Arc` and never re-parses it.
+//! then checks what types cannot: each section, in a file of its own, checks
+//! its ranges and forms, and this module what spans sections: references
+//! between them, and that tenant keys are unambiguous. Everything after
+//! start-up reads the validated [`Config`] through an `Arc` and never
+//! re-parses it.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
@@ -59,6 +60,18 @@ impl std::fmt::Display for Source {
         match self {
             Source::File(p) => write!(f, "{}", p.display()),
             Source::Embedded => f.write_str("<embedded default>"),
+        }
+    }
+}
+
+impl Source {
+    /// The error for the value at `key` in this source: `message` says
+    /// what is wrong with it.
+    fn invalid(&self, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            source_name: self.to_string(),
+            key: key.into(),
+            message: message.into(),
         }
     }
 }
@@ -176,40 +189,18 @@ impl Config {
     }
 
     fn invalid(&self, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid {
-            source_name: self.source.to_string(),
-            key: key.into(),
-            message: message.into(),
-        }
+        self.source.invalid(key, message)
     }
 
     /// Start-up checks that types cannot express. Each error names the key.
+    ///
+    /// Each section checks itself; what concerns several sections is checked
+    /// here, between them, so that of several errors the same one always
+    /// comes first.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let listen: SocketAddr = self
-            .server
-            .listen
-            .parse()
-            .map_err(|e| self.invalid("server.listen", format!("not an address: {e}")))?;
-        if self.server.max_body_bytes < 1024 {
-            return Err(self.invalid("server.max_body_bytes", "must be at least 1024"));
-        }
-        if !(2..=512).contains(&self.server.max_json_depth) {
-            return Err(self.invalid("server.max_json_depth", "must be within 2..=512"));
-        }
-        if self.server.request_timeout.is_zero() {
-            return Err(self.invalid("server.request_timeout", "must be above zero"));
-        }
-        if self.server.body_timeout.is_zero() {
-            return Err(self.invalid("server.body_timeout", "must be above zero"));
-        }
-        if let MaxConnections::Fixed(n) = self.server.max_connections
-            && !(1..=MaxConnections::MOST).contains(&n)
-        {
-            return Err(self.invalid(
-                "server.max_connections",
-                format!("must be within 1..={} (or \"auto\")", MaxConnections::MOST),
-            ));
-        }
+        let source = &self.source;
+        self.server.validate(source)?;
+        let listen = self.listen_addr()?;
         if self.tenants.is_empty() && !listen.ip().is_loopback() && !self.server.allow_anonymous {
             return Err(self.invalid(
                 "tenants",
@@ -217,209 +208,51 @@ impl Config {
                  everybody could use this gateway; add tenants or set server.allow_anonymous = true",
             ));
         }
-        let url = &self.storage.url;
-        if !(url.starts_with("sqlite:")
-            || url.starts_with("postgres://")
-            || url.starts_with("postgresql://"))
-        {
-            return Err(self.invalid("storage.url", "expected sqlite://FILE or postgres://..."));
-        }
-        if self.coalescing.cache_max_bytes == 0 {
-            return Err(self.invalid("coalescing.cache_max_bytes", "must be above zero"));
-        }
-        self.coalescing
-            .shared_backend()
-            .map_err(|m| self.invalid("coalescing.backend", m))?;
+        self.storage.validate(source)?;
+        self.coalescing.validate(source)?;
+        self.jobs.validate(source)?;
+        self.breaker.validate("breaker", source)?;
+        self.contracts.validate(source)?;
+        self.log.validate(source)?;
+        self.admin.validate(source)?;
 
-        if self.jobs.attempt_lease < Duration::from_millis(300) {
-            return Err(self.invalid("jobs.attempt_lease", "must be at least 300ms"));
-        }
-        if self.jobs.claim_lease < Duration::from_millis(300) {
-            return Err(self.invalid("jobs.claim_lease", "must be at least 300ms"));
-        }
-        if self.jobs.reconcile_interval.is_zero() || self.jobs.poll_interval.is_zero() {
-            return Err(self.invalid("jobs.reconcile_interval", "intervals must be above zero"));
-        }
-        check_breaker(&self.breaker).map_err(|(k, m)| self.invalid(format!("breaker.{k}"), m))?;
-        if self.contracts.refresh_interval < Duration::from_millis(10) {
-            return Err(self.invalid("contracts.refresh_interval", "must be at least 10ms"));
-        }
-        if !matches!(self.log.format.as_str(), "text" | "json") {
-            return Err(self.invalid("log.format", "expected \"text\" or \"json\""));
-        }
-        if self.log.requests.is_empty() {
-            return Err(self.invalid(
-                "log.requests",
-                "expected \"stdout\", \"off\" or a file path",
-            ));
-        }
-        let mut seen_keys = HashSet::new();
-        for (i, key) in self.admin.api_keys.iter().enumerate() {
-            check_key(key).map_err(|m| self.invalid(format!("admin.api_keys[{i}]"), m))?;
-            seen_keys.insert(key.as_str());
-        }
+        // A key names one caller: no two tenants share one, nor a tenant and
+        // the admin.
+        let mut keys: HashSet<&str> = self.admin.api_keys.iter().map(String::as_str).collect();
         let mut tenant_names = HashSet::new();
         for (t, tenant) in self.tenants.iter().enumerate() {
-            if !valid_name(&tenant.name) {
-                return Err(self.invalid(format!("tenants[{t}].name"), NAME_RULE));
-            }
-            if !tenant_names.insert(tenant.name.as_str()) {
-                return Err(self.invalid(format!("tenants[{t}].name"), "duplicate tenant name"));
-            }
-            if let Some(rl) = &tenant.rate_limit {
-                if !(rl.requests_per_second.is_finite() && rl.requests_per_second > 0.0) {
-                    return Err(self.invalid(
-                        format!("tenants[{t}].rate_limit.requests_per_second"),
-                        "must be above zero",
-                    ));
+            let claim = |k: String, key| {
+                if keys.insert(key) {
+                    return Ok(());
                 }
-                if rl.burst == 0 {
-                    return Err(self.invalid(
-                        format!("tenants[{t}].rate_limit.burst"),
-                        "must be at least 1",
-                    ));
-                }
-            }
-            if tenant.max_body_bytes.is_some_and(|n| n < 1024) {
-                return Err(self.invalid(
-                    format!("tenants[{t}].max_body_bytes"),
-                    "must be at least 1024",
-                ));
-            }
-            if tenant.api_keys.is_empty() {
-                return Err(self.invalid(
-                    format!("tenants[{t}].api_keys"),
-                    "a tenant needs at least one key",
-                ));
-            }
-            for (i, key) in tenant.api_keys.iter().enumerate() {
-                let k = format!("tenants[{t}].api_keys[{i}]");
-                check_key(key).map_err(|m| self.invalid(&k, m))?;
-                if !seen_keys.insert(key.as_str()) {
-                    return Err(
-                        self.invalid(k, "this key is already used by another tenant or the admin")
-                    );
-                }
-            }
+                Err(self.invalid(k, "this key is already used by another tenant or the admin"))
+            };
+            tenant.validate(t, &mut tenant_names, claim, source)?;
         }
 
         let mut provider_names = HashSet::new();
         for (p, provider) in self.providers.iter().enumerate() {
-            if !valid_name(&provider.name) {
-                return Err(self.invalid(format!("providers[{p}].name"), NAME_RULE));
-            }
-            if !provider_names.insert(provider.name.as_str()) {
-                return Err(self.invalid(format!("providers[{p}].name"), "duplicate provider name"));
-            }
-            if provider.kind == ProviderKind::Openai
-                && let Err(reason) = chat_url(&provider.base_url)
-            {
-                return Err(self.invalid(format!("providers[{p}].base_url"), reason));
-            }
-            if provider.timeout.is_zero() {
-                return Err(self.invalid(format!("providers[{p}].timeout"), "must be above zero"));
-            }
-            if provider.max_answer_bytes == 0 {
-                return Err(self.invalid(
-                    format!("providers[{p}].max_answer_bytes"),
-                    "must be above zero",
-                ));
-            }
-            if provider.context_window == Some(0) {
-                return Err(self.invalid(
-                    format!("providers[{p}].context_window"),
-                    "must be above zero",
-                ));
-            }
-            if let Some(b) = &provider.breaker {
-                check_breaker(b)
-                    .map_err(|(k, m)| self.invalid(format!("providers[{p}].breaker.{k}"), m))?;
-            }
+            provider.validate(p, &mut provider_names, source)?;
         }
 
+        // Every target of a route names a provider that exists.
+        let known_provider = |k: String, provider: &str| {
+            if provider_names.contains(provider) {
+                return Ok(());
+            }
+            let known: Vec<&str> = self.providers.iter().map(|p| p.name.as_str()).collect();
+            Err(self.invalid(
+                k,
+                format!(
+                    "unknown provider \"{}\" (known: {})",
+                    provider,
+                    known.join(", ")
+                ),
+            ))
+        };
         let mut route_names = HashSet::new();
         for (r, route) in self.routes.iter().enumerate() {
-            let at = |k: &str| format!("routes[{r}].{k}");
-            if route.model.is_empty() {
-                return Err(self.invalid(at("model"), "must not be empty"));
-            }
-            if !route_names.insert(route.model.as_str()) {
-                return Err(
-                    self.invalid(at("model"), format!("duplicate route \"{}\"", route.model))
-                );
-            }
-            if route.targets.is_empty() {
-                return Err(self.invalid(at("targets"), "a route needs at least one target"));
-            }
-            for (i, target) in route.targets.iter().enumerate() {
-                if !provider_names.contains(target.provider.as_str()) {
-                    let known: Vec<&str> = self.providers.iter().map(|p| p.name.as_str()).collect();
-                    return Err(self.invalid(
-                        at(&format!("targets[{i}].provider")),
-                        format!(
-                            "unknown provider \"{}\" (known: {})",
-                            target.provider,
-                            known.join(", ")
-                        ),
-                    ));
-                }
-                if target.model.is_empty() {
-                    return Err(
-                        self.invalid(at(&format!("targets[{i}].model")), "must not be empty")
-                    );
-                }
-                if target.context_window == Some(0) {
-                    return Err(self.invalid(
-                        at(&format!("targets[{i}].context_window")),
-                        "must be above zero",
-                    ));
-                }
-            }
-            let c = &route.cache;
-            if c.ttl < Duration::from_secs(1) {
-                return Err(self.invalid(at("cache.ttl"), "must be at least 1s"));
-            }
-            if !(0.0..=1.0).contains(&c.jitter) {
-                return Err(self.invalid(at("cache.jitter"), "must be within 0.0..=1.0"));
-            }
-            if route.coalesce.lease < Duration::from_millis(300) {
-                return Err(self.invalid(at("coalesce.lease"), "must be at least 300ms"));
-            }
-            if let MaxWait::Fixed(d) = route.coalesce.max_wait
-                && d.is_zero()
-            {
-                return Err(
-                    self.invalid(at("coalesce.max_wait"), "must be above zero (or \"auto\")")
-                );
-            }
-            let a = &route.attempts;
-            if a.max == 0 {
-                return Err(self.invalid(at("attempts.max"), "must be at least 1"));
-            }
-            if a.timeout.is_zero() {
-                return Err(self.invalid(at("attempts.timeout"), "must be above zero"));
-            }
-            // Past its timeout an attempt is unknown and its call goes on
-            // until the late window ends (from the attempt's start): a
-            // window no longer than the timeout would never hear an answer.
-            if a.late_result_window <= a.timeout {
-                return Err(self.invalid(
-                    at("attempts.late_result_window"),
-                    format!(
-                        "must be longer than {} ({}): a late answer is only heard between the two",
-                        at("attempts.timeout"),
-                        humantime::format_duration(a.timeout)
-                    ),
-                ));
-            }
-            if let Some(contract) = &route.contract
-                && !contract.exists()
-            {
-                return Err(self.invalid(
-                    at("contract"),
-                    format!("contract file {} does not exist", contract.display()),
-                ));
-            }
+            route.validate(r, &mut route_names, known_provider, source)?;
         }
         Ok(())
     }
@@ -443,13 +276,7 @@ impl Config {
     }
 }
 
-fn check_breaker(b: &BreakerConfig) -> Result<(), (&'static str, &'static str)> {
-    if b.failures > 0 && b.cooldown.is_zero() {
-        return Err(("cooldown", "must be above zero while failures > 0"));
-    }
-    Ok(())
-}
-
+/// The rule of tenant and provider names, as [`valid_name`] checks it.
 const NAME_RULE: &str = "names are 1..64 characters of [A-Za-z0-9._-]";
 
 fn valid_name(name: &str) -> bool {
@@ -458,22 +285,6 @@ fn valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
-}
-
-fn check_key(key: &str) -> Result<(), String> {
-    if let Some(hex) = key.strip_prefix("sha256:") {
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err("a sha256: key needs 64 hex digits".into());
-        }
-        return Ok(());
-    }
-    if key.len() < 8 {
-        return Err("an API key needs at least 8 characters".into());
-    }
-    if !key.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("an API key must be printable ASCII without spaces".into());
-    }
-    Ok(())
 }
 
 /// `IDEM_SERVER__LISTEN=...` sets `server.listen`. Only names with a `__`
@@ -534,6 +345,8 @@ fn describe_figment_error(e: figment::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

@@ -1,11 +1,12 @@
 //! `[[providers]]`: the upstream APIs a route's targets call, and the chat
 //! completions URL of an OpenAI-compatible one.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::BreakerConfig;
+use super::{BreakerConfig, ConfigError, NAME_RULE, Source, valid_name};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -65,6 +66,43 @@ fn default_max_answer_bytes() -> usize {
 
 fn default_pool_idle() -> usize {
     256
+}
+
+impl ProviderConfig {
+    /// The checks of provider `p` of `[[providers]]`; `names` holds the
+    /// names of the providers before it (this one's is added).
+    pub(super) fn validate<'a>(
+        &'a self,
+        p: usize,
+        names: &mut HashSet<&'a str>,
+        source: &Source,
+    ) -> Result<(), ConfigError> {
+        let at = |k: &str| format!("providers[{p}].{k}");
+        if !valid_name(&self.name) {
+            return Err(source.invalid(at("name"), NAME_RULE));
+        }
+        if !names.insert(self.name.as_str()) {
+            return Err(source.invalid(at("name"), "duplicate provider name"));
+        }
+        if self.kind == ProviderKind::Openai
+            && let Err(reason) = chat_url(&self.base_url)
+        {
+            return Err(source.invalid(at("base_url"), reason));
+        }
+        if self.timeout.is_zero() {
+            return Err(source.invalid(at("timeout"), "must be above zero"));
+        }
+        if self.max_answer_bytes == 0 {
+            return Err(source.invalid(at("max_answer_bytes"), "must be above zero"));
+        }
+        if self.context_window == Some(0) {
+            return Err(source.invalid(at("context_window"), "must be above zero"));
+        }
+        if let Some(b) = &self.breaker {
+            b.validate(&at("breaker"), source)?;
+        }
+        Ok(())
+    }
 }
 
 /// The chat completions URL under an OpenAI-compatible `base_url`.

@@ -1,10 +1,13 @@
 //! `[[routes]]`: the models clients ask for, the targets that answer them,
 //! and how each route caches, coalesces and retries.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
+
+use super::{ConfigError, Source};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -19,6 +22,20 @@ pub struct TargetConfig {
     /// default: the provider's `context_window`, else the model family's.
     #[serde(default)]
     pub context_window: Option<u32>,
+}
+
+impl TargetConfig {
+    /// The checks of a target whose keys start with `at`, but for its
+    /// provider: that it exists is for the whole configuration to say.
+    fn validate(&self, at: &str, source: &Source) -> Result<(), ConfigError> {
+        if self.model.is_empty() {
+            return Err(source.invalid(format!("{at}.model"), "must not be empty"));
+        }
+        if self.context_window == Some(0) {
+            return Err(source.invalid(format!("{at}.context_window"), "must be above zero"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -60,6 +77,48 @@ pub struct RouteConfig {
     pub attempts: RouteAttempts,
 }
 
+impl RouteConfig {
+    /// The checks of route `r` of `[[routes]]`. `names` holds the models of
+    /// the routes before it (this one's is added); `known_provider` is given
+    /// each target's provider, with its key, before the target's own checks,
+    /// and refuses one that does not exist.
+    pub(super) fn validate<'a>(
+        &'a self,
+        r: usize,
+        names: &mut HashSet<&'a str>,
+        known_provider: impl Fn(String, &str) -> Result<(), ConfigError>,
+        source: &Source,
+    ) -> Result<(), ConfigError> {
+        let at = |k: &str| format!("routes[{r}].{k}");
+        if self.model.is_empty() {
+            return Err(source.invalid(at("model"), "must not be empty"));
+        }
+        if !names.insert(self.model.as_str()) {
+            return Err(source.invalid(at("model"), format!("duplicate route \"{}\"", self.model)));
+        }
+        if self.targets.is_empty() {
+            return Err(source.invalid(at("targets"), "a route needs at least one target"));
+        }
+        for (i, target) in self.targets.iter().enumerate() {
+            let target_at = at(&format!("targets[{i}]"));
+            known_provider(format!("{target_at}.provider"), &target.provider)?;
+            target.validate(&target_at, source)?;
+        }
+        self.cache.validate(&at("cache"), source)?;
+        self.coalesce.validate(&at("coalesce"), source)?;
+        self.attempts.validate(&at("attempts"), source)?;
+        if let Some(contract) = &self.contract
+            && !contract.exists()
+        {
+            return Err(source.invalid(
+                at("contract"),
+                format!("contract file {} does not exist", contract.display()),
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouteCache {
@@ -93,6 +152,19 @@ impl Default for RouteCache {
             rate_limit_ttl_max: Duration::from_secs(30),
             server_error_ttl: Duration::from_secs(10),
         }
+    }
+}
+
+impl RouteCache {
+    /// The checks of a route's `cache`, whose keys start with `at`.
+    fn validate(&self, at: &str, source: &Source) -> Result<(), ConfigError> {
+        if self.ttl < Duration::from_secs(1) {
+            return Err(source.invalid(format!("{at}.ttl"), "must be at least 1s"));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(source.invalid(format!("{at}.jitter"), "must be within 0.0..=1.0"));
+        }
+        Ok(())
     }
 }
 
@@ -156,6 +228,23 @@ impl Default for RouteCoalesce {
     }
 }
 
+impl RouteCoalesce {
+    /// The checks of a route's `coalesce`, whose keys start with `at`.
+    fn validate(&self, at: &str, source: &Source) -> Result<(), ConfigError> {
+        if self.lease < Duration::from_millis(300) {
+            return Err(source.invalid(format!("{at}.lease"), "must be at least 300ms"));
+        }
+        if let MaxWait::Fixed(d) = self.max_wait
+            && d.is_zero()
+        {
+            return Err(
+                source.invalid(format!("{at}.max_wait"), "must be above zero (or \"auto\")")
+            );
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouteAttempts {
@@ -185,5 +274,30 @@ impl Default for RouteAttempts {
             late_result_window: Duration::from_secs(600),
             auto_resolve_unknown_after: None,
         }
+    }
+}
+
+impl RouteAttempts {
+    /// The checks of a route's `attempts`, whose keys start with `at`.
+    fn validate(&self, at: &str, source: &Source) -> Result<(), ConfigError> {
+        if self.max == 0 {
+            return Err(source.invalid(format!("{at}.max"), "must be at least 1"));
+        }
+        if self.timeout.is_zero() {
+            return Err(source.invalid(format!("{at}.timeout"), "must be above zero"));
+        }
+        // Past its timeout an attempt is unknown and its call goes on
+        // until the late window ends (from the attempt's start): a
+        // window no longer than the timeout would never hear an answer.
+        if self.late_result_window <= self.timeout {
+            return Err(source.invalid(
+                format!("{at}.late_result_window"),
+                format!(
+                    "must be longer than {at}.timeout ({}): a late answer is only heard between the two",
+                    humantime::format_duration(self.timeout)
+                ),
+            ));
+        }
+        Ok(())
     }
 }

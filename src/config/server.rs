@@ -1,9 +1,12 @@
 //! `[server]`: the listening address, request limits and timeouts, and the
 //! cap on client connections.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
+
+use super::{ConfigError, Source};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -46,6 +49,36 @@ impl Default for ServerConfig {
             body_timeout: Duration::from_secs(30),
             max_connections: MaxConnections::Auto,
         }
+    }
+}
+
+impl ServerConfig {
+    /// The checks of `[server]` that its types cannot express.
+    pub(super) fn validate(&self, source: &Source) -> Result<(), ConfigError> {
+        if let Err(e) = self.listen.parse::<SocketAddr>() {
+            return Err(source.invalid("server.listen", format!("not an address: {e}")));
+        }
+        if self.max_body_bytes < 1024 {
+            return Err(source.invalid("server.max_body_bytes", "must be at least 1024"));
+        }
+        if !(2..=512).contains(&self.max_json_depth) {
+            return Err(source.invalid("server.max_json_depth", "must be within 2..=512"));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(source.invalid("server.request_timeout", "must be above zero"));
+        }
+        if self.body_timeout.is_zero() {
+            return Err(source.invalid("server.body_timeout", "must be above zero"));
+        }
+        if let MaxConnections::Fixed(n) = self.max_connections
+            && !(1..=MaxConnections::MOST).contains(&n)
+        {
+            return Err(source.invalid(
+                "server.max_connections",
+                format!("must be within 1..={} (or \"auto\")", MaxConnections::MOST),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::{ConfigError, Source};
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
@@ -20,5 +22,19 @@ impl Default for StorageConfig {
             idempotency_retention: Duration::from_secs(24 * 3600),
             max_connections: 16,
         }
+    }
+}
+
+impl StorageConfig {
+    /// The checks of `[storage]` that its types cannot express.
+    pub(super) fn validate(&self, source: &Source) -> Result<(), ConfigError> {
+        let url = &self.url;
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+        {
+            return Err(source.invalid("storage.url", "expected sqlite://FILE or postgres://..."));
+        }
+        Ok(())
     }
 }
