@@ -116,3 +116,20 @@ pub fn chat_url(base_url: &str) -> Result<reqwest::Url, String> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chat_url_is_joined_once_whatever_the_trailing_slash() {
+        for base in ["http://127.0.0.1:9001/v1", "http://127.0.0.1:9001/v1/"] {
+            let url = chat_url(base).unwrap();
+            assert_eq!(url.as_str(), "http://127.0.0.1:9001/v1/chat/completions");
+        }
+        let err = chat_url("http://exa mple.com").unwrap_err();
+        assert!(err.contains("not a URL"), "{err}");
+        let err = chat_url("file:///v1").unwrap_err();
+        assert!(err.contains("http:// or https://"), "{err}");
+    }
+}
