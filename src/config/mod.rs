@@ -200,6 +200,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let source = &self.source;
         self.server.validate(source)?;
+        // Serving everybody without a key must be a choice, not an omission.
         let listen = self.listen_addr()?;
         if self.tenants.is_empty() && !listen.ip().is_loopback() && !self.server.allow_anonymous {
             return Err(self.invalid(
