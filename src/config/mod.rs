@@ -1,0 +1,353 @@
+//! Configuration: the TOML file of SPEC section 8, `IDEM_...__...` environment
+//! overrides, the embedded default, and start-up validation.
+//!
+//! Loading is two steps. [`figment`] merges the file (or the embedded default)
+//! with the environment and deserializes with `deny_unknown_fields`, so a typo
+//! in a key is an error that names the key and the file. [`Config::validate`]
+//! then checks what types cannot: each section, in a file of its own, checks
+//! its ranges and forms, and this module what spans sections: references
+//! between them, and that tenant keys are unambiguous. Everything after
+//! start-up reads the validated [`Config`] through an `Arc` and never
+//! re-parses it.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Serialize};
+
+mod admin;
+mod breaker;
+mod coalescing;
+mod contracts;
+mod jobs;
+mod log;
+mod providers;
+mod routes;
+mod server;
+mod storage;
+mod tenants;
+
+pub use admin::AdminConfig;
+pub use breaker::BreakerConfig;
+pub use coalescing::{CoalescingConfig, SharedBackend};
+pub use contracts::ContractsConfig;
+pub use jobs::JobsConfig;
+pub use log::LogConfig;
+pub use providers::{ProviderConfig, ProviderKind, chat_url};
+pub use routes::{
+    MaxWait, Normalize, OnWaitTimeout, RouteAttempts, RouteCache, RouteCoalesce, RouteConfig,
+    RouteEndpoint, Scope, TargetConfig,
+};
+pub use server::{MaxConnections, ServerConfig};
+pub use storage::StorageConfig;
+pub use tenants::{RateLimitConfig, TenantConfig};
+
+/// The configuration used when no file is given (SPEC section 8).
+pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
+
+/// Where the configuration came from, for error messages and the start-up log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    File(PathBuf),
+    Embedded,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::File(p) => write!(f, "{}", p.display()),
+            Source::Embedded => f.write_str("<embedded default>"),
+        }
+    }
+}
+
+impl Source {
+    /// The error for the value at `key` in this source: `message` says
+    /// what is wrong with it.
+    fn invalid(&self, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            source_name: self.to_string(),
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A configuration that could not be loaded; the message names the file and
+/// the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{source_name}: {message}")]
+    Parse {
+        source_name: String,
+        message: String,
+    },
+    #[error("{source_name}: `{key}`: {message}")]
+    Invalid {
+        source_name: String,
+        key: String,
+        message: String,
+    },
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub storage: StorageConfig,
+    #[serde(default)]
+    pub coalescing: CoalescingConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub jobs: JobsConfig,
+    #[serde(default)]
+    pub breaker: BreakerConfig,
+    #[serde(default)]
+    pub contracts: ContractsConfig,
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    /// Where this configuration came from (not a TOML key).
+    #[serde(skip, default = "embedded_source")]
+    pub source: Source,
+}
+
+fn embedded_source() -> Source {
+    Source::Embedded
+}
+
+impl Config {
+    /// Loads the file at `path`, or the embedded default when `path` is
+    /// `None`, then applies `IDEM_...__...` environment overrides and
+    /// validates.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load_with_env(path, true)
+    }
+
+    /// Like [`Config::load`], with the environment overrides optional (tests
+    /// run in one process and must not see each other's variables).
+    pub fn load_with_env(path: Option<&Path>, use_env: bool) -> Result<Config, ConfigError> {
+        let (source, text) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source: e,
+                })?;
+                (Source::File(p.to_path_buf()), text)
+            }
+            None => (Source::Embedded, embedded_default_text()),
+        };
+        Self::from_toml_str(&text, source, use_env)
+    }
+
+    /// Parses a TOML document (plus environment overrides when `use_env`)
+    /// and validates it.
+    pub fn from_toml_str(text: &str, source: Source, use_env: bool) -> Result<Config, ConfigError> {
+        let mut fig = Figment::new().merge(Toml::string(text));
+        if use_env {
+            fig = fig.merge(env_overrides());
+        }
+        let mut config: Config = fig.extract().map_err(|e| ConfigError::Parse {
+            source_name: source.to_string(),
+            message: describe_figment_error(e),
+        })?;
+        config.source = source;
+        config.resolve_relative_paths();
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Contract paths are relative to the config file's folder.
+    fn resolve_relative_paths(&mut self) {
+        let Source::File(file) = &self.source else {
+            return;
+        };
+        let Some(dir) = file.parent() else { return };
+        for route in &mut self.routes {
+            if let Some(c) = &route.contract
+                && c.is_relative()
+            {
+                route.contract = Some(dir.join(c));
+            }
+        }
+    }
+
+    fn invalid(&self, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        self.source.invalid(key, message)
+    }
+
+    /// Start-up checks that types cannot express. Each error names the key.
+    ///
+    /// Each section checks itself; what concerns several sections is checked
+    /// here, between them, so that of several errors the same one always
+    /// comes first.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let source = &self.source;
+        self.server.validate(source)?;
+        // Serving everybody without a key must be a choice, not an omission.
+        let listen = self.listen_addr()?;
+        if self.tenants.is_empty() && !listen.ip().is_loopback() && !self.server.allow_anonymous {
+            return Err(self.invalid(
+                "tenants",
+                "no [[tenants]] configured and server.listen is not a loopback address: \
+                 everybody could use this gateway; add tenants or set server.allow_anonymous = true",
+            ));
+        }
+        self.storage.validate(source)?;
+        self.coalescing.validate(source)?;
+        self.jobs.validate(source)?;
+        self.breaker.validate("breaker", source)?;
+        self.contracts.validate(source)?;
+        self.log.validate(source)?;
+        self.admin.validate(source)?;
+
+        // A key names one caller: no two tenants share one, nor a tenant and
+        // the admin.
+        let mut keys: HashSet<&str> = self.admin.api_keys.iter().map(String::as_str).collect();
+        let mut tenant_names = HashSet::new();
+        for (t, tenant) in self.tenants.iter().enumerate() {
+            let claim = |k: String, key| {
+                if keys.insert(key) {
+                    return Ok(());
+                }
+                Err(self.invalid(k, "this key is already used by another tenant or the admin"))
+            };
+            tenant.validate(t, &mut tenant_names, claim, source)?;
+        }
+
+        let mut provider_names = HashSet::new();
+        for (p, provider) in self.providers.iter().enumerate() {
+            provider.validate(p, &mut provider_names, source)?;
+        }
+
+        // Every target of a route names a provider that exists.
+        let known_provider = |k: String, provider: &str| {
+            if provider_names.contains(provider) {
+                return Ok(());
+            }
+            let known: Vec<&str> = self.providers.iter().map(|p| p.name.as_str()).collect();
+            Err(self.invalid(
+                k,
+                format!(
+                    "unknown provider \"{}\" (known: {})",
+                    provider,
+                    known.join(", ")
+                ),
+            ))
+        };
+        let mut route_names = HashSet::new();
+        for (r, route) in self.routes.iter().enumerate() {
+            route.validate(r, &mut route_names, known_provider, source)?;
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.server
+            .listen
+            .parse()
+            .map_err(|e| self.invalid("server.listen", format!("not an address: {e}")))
+    }
+
+    pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
+        self.providers.iter().find(|p| p.name == name)
+    }
+
+    /// The breaker settings of a provider: its own, else `[breaker]`.
+    pub fn breaker_for(&self, provider: &str) -> BreakerConfig {
+        self.provider(provider)
+            .and_then(|p| p.breaker)
+            .unwrap_or(self.breaker)
+    }
+}
+
+/// The rule of tenant and provider names, as [`valid_name`] checks it.
+const NAME_RULE: &str = "names are 1..64 characters of [A-Za-z0-9._-]";
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// `IDEM_SERVER__LISTEN=...` sets `server.listen`. Only names with a `__`
+/// are config keys (every key lives in a section), so `IDEM_CONFIG`,
+/// `IDEM_LOG` or a provider key named `IDEM_PRIMARY_KEY` never collide
+/// with the configuration.
+fn env_overrides() -> Env {
+    Env::prefixed("IDEM_")
+        .filter(|k| k.as_str().contains("__"))
+        .split("__")
+}
+
+/// The embedded default, plus an OpenAI provider and routes when
+/// `OPENAI_API_KEY` is set.
+fn embedded_default_text() -> String {
+    let mut text = EMBEDDED_DEFAULT.to_string();
+    if std::env::var_os("OPENAI_API_KEY").is_some() {
+        text.push_str(OPENAI_DEFAULT);
+    }
+    text
+}
+
+const OPENAI_DEFAULT: &str = r#"
+[[providers]]
+name = "openai"
+kind = "openai"
+base_url = "https://api.openai.com/v1"
+api_key_env = "OPENAI_API_KEY"
+timeout = "60s"
+
+[[routes]]
+model = "gpt-4o-mini"
+targets = [{ provider = "openai", model = "gpt-4o-mini" }]
+
+[[routes]]
+model = "gpt-4o"
+targets = [{ provider = "openai", model = "gpt-4o" }]
+
+[[routes]]
+model = "text-embedding-3-small"
+endpoints = ["embeddings"]
+targets = [{ provider = "openai", model = "text-embedding-3-small" }]
+"#;
+
+/// Figment's messages name the key and the source; keep them, on one line.
+fn describe_figment_error(e: figment::Error) -> String {
+    e.into_iter()
+        .map(|err| {
+            let key = if err.path.is_empty() {
+                String::new()
+            } else {
+                format!("`{}`: ", err.path.join("."))
+            };
+            let from = match &err.metadata {
+                Some(m) if m.name.contains("environment") => format!(" (from {})", m.name),
+                _ => String::new(),
+            };
+            format!("{key}{}{from}", err.kind)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests;
