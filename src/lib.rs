@@ -2,24 +2,31 @@
 //!
 //! # Layout
 //!
-//! The modules follow a request (SPEC section 2):
+//! The modules follow a request (design: the request path):
 //!
 //! - [`http`]: the router, authentication ([`tenants`]), validation, and the
-//!   handlers (`openai`, `jobs`, `ops`), which turn errors into OpenAI error
-//!   objects in one place;
+//!   faces (`openai`: chat completions and models; `embeddings`; `jobs`;
+//!   `ops`), which turn a request into the core's task and the core's
+//!   answer (or error) into an HTTP answer, in one place each;
+//! - [`endpoints`]: each API shape as the core sees it: what its upstream
+//!   call sends and how the answer is read (chat, embeddings);
 //! - [`routes`]: public model names mapped to their ordered targets;
-//! - [`jobs`]: idempotency keys, the attempt state machine, the executor and
-//!   the reconciler, over the [`store`] (SQLite or PostgreSQL);
 //! - [`fingerprint`]: what counts as the same task;
+//! - [`task`]: the core: a task in, a delivery out, one function per stage
+//!   (result cache, the route's targets, the flight), and the one place a
+//!   request is counted and logged; [`outcome`] names what happened;
 //! - [`cache`]: the result and negative caches;
 //! - [`flight`]: one upstream call per fingerprint in flight (leader and
-//!   followers);
+//!   followers; one call for several flights when an endpoint batches);
+//! - [`jobs`]: idempotency keys, the job and attempt state machine, the
+//!   executor and the reconciler, over the [`store`] (SQLite or
+//!   PostgreSQL); [`lease`]: how every holder renews what it holds;
 //! - [`providers`]: the upstream call itself (and each target's circuit
-//!   breaker); [`answer`] is what it yields, and [`sse`] converts it between
-//!   streamed and plain form;
+//!   breaker); [`answer`] is what it yields, and [`sse`] converts a chat
+//!   answer between streamed and plain form;
 //! - [`contracts`]: what a route's answers must satisfy; [`certification`]:
 //!   running a contract's cases against targets, and the rule that sends
-//!   failover only to certified targets.
+//!   failover only to certified targets (the target walk).
 //!
 //! Around them: [`config`], [`metrics`], the request log ([`reqlog`]),
 //! [`app`] (start-up and shutdown), [`cli`], the [`demo`], [`analyze`] (what
@@ -27,9 +34,11 @@
 //! [`mock_upstream`], the test double for providers.
 //!
 //! Only [`http`] (and the start-up around it) knows HTTP: the modules below
-//! it return errors of their own (`FlightError`, `JobError`, `StoreError`,
-//! ...), which `http::error` turns into OpenAI error objects; a unit test
-//! (`layout`) keeps them free of the HTTP layer and its framework.
+//! it return errors of their own (`TaskError`, `FlightError`, `JobError`,
+//! `StoreError`, ...), which `http::error` turns into OpenAI error objects;
+//! a unit test (`layout`) keeps them free of the HTTP layer and its
+//! framework, and another keeps the top-level modules free of import
+//! circles.
 
 pub mod analyze;
 pub mod answer;
@@ -48,6 +57,7 @@ pub mod jobs;
 pub mod lease;
 pub mod metrics;
 pub mod mock_upstream;
+pub mod outcome;
 pub mod providers;
 pub mod reqlog;
 pub mod routes;
@@ -75,6 +85,7 @@ mod layout {
         "jobs",
         "lease",
         "metrics",
+        "outcome",
         "providers",
         "reqlog",
         "routes",

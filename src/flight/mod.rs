@@ -28,7 +28,8 @@ use crate::answer::Answer;
 use crate::cache::{Lookup, ResultCache};
 use crate::config::OnWaitTimeout;
 use crate::fingerprint::Fingerprint;
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::Metrics;
+use crate::outcome::Outcome;
 use crate::routes::{Route, Target};
 
 pub use leader::Wire;

@@ -28,7 +28,7 @@ use crate::answer::Answer;
 use crate::endpoints::embeddings::{self as wire, EMBEDDINGS, Encoding};
 use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{RequestBody, Source};
-use crate::metrics::Outcome;
+use crate::outcome::Outcome;
 use crate::providers::Endpoint;
 use crate::routes::Route;
 use crate::task::{Count, Finish, Line, Task};

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use crate::certification::failover::NoTarget;
 use crate::flight::FlightError;
 use crate::jobs::JobError;
-use crate::metrics::Refusal;
+use crate::outcome::Refusal;
 use crate::task::TaskError;
 
 pub use crate::answer::error_body;

@@ -21,7 +21,7 @@ use super::{AppState, Caller};
 use crate::fingerprint::Fingerprint;
 use crate::flight::RequestBody;
 use crate::jobs::{JobError, Resolution, job_answer, job_json};
-use crate::metrics::Outcome;
+use crate::outcome::Outcome;
 use crate::routes::Route;
 use crate::store::{Cursor, JobRecord, JobState};
 use crate::task::{Count, Finish, Line};

@@ -34,7 +34,7 @@ use crate::answer::{Answer, Form};
 use crate::endpoints::chat::CHAT;
 use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{Delivery, Flight, RequestBody, Source};
-use crate::metrics::Outcome;
+use crate::outcome::Outcome;
 use crate::providers::Endpoint;
 use crate::routes::Route;
 use crate::task::{CachePolicy, Count, Finish, Line, Task, TaskError};

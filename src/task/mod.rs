@@ -23,7 +23,8 @@ use crate::answer::{Answer, Verdict};
 use crate::certification::failover::{NoTarget, Walk};
 use crate::fingerprint::Fingerprint;
 use crate::flight::{Ask, Coalescer, Delivery, FlightError, RequestBody, Source, Wire, reported};
-use crate::metrics::{Metrics, Outcome, Refusal};
+use crate::metrics::Metrics;
+use crate::outcome::{Outcome, Refusal};
 use crate::reqlog::{Entry, RequestLog};
 use crate::routes::{Route, Target};
 
