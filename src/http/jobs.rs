@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::openai::{content_length, decorate, fingerprint_of, render};
+use super::openai::{content_length, decorate, render, route_chat};
 use super::validate::{self, ChatRequest};
 use super::{ApiPath, ApiQuery};
 use super::{AppState, Caller};
@@ -98,15 +98,7 @@ pub async fn create(
     let outer = validate::parse_object(&bytes, app.limits.max_json_depth)?;
     let (request, metadata) = validate::job_body(outer)?;
     let req = validate::chat_request(request, &app.limits)?;
-    let route = app
-        .routes
-        .get(&req.model)
-        .ok_or_else(|| ApiError::ModelNotFound(req.model.clone()))?
-        .clone();
-    if !route.serves(crate::providers::Endpoint::Chat) {
-        return Err(super::openai::not_served(&req.model, "chat completions"));
-    }
-    let fp = fingerprint_of(&tenant, &route, &req, &headers);
+    let (route, fp) = route_chat(&app, &tenant, &req, &headers)?;
     let created = app
         .jobs
         .create(&tenant, &route, &req.body, &fp, metadata.as_ref(), &key)

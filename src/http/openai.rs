@@ -176,15 +176,14 @@ async fn admit(
     let (req, raw) = read_chat_request(&app, &headers, body, caller.body_limit(&app))
         .await
         .map_err(|e| refused(&app, Some(&tenant), None, e))?;
-    let Some(route) = app.routes.get(&req.model).cloned() else {
-        let e = ApiError::ModelNotFound(req.model.clone());
-        return Err(refused(&app, Some(&tenant), None, e));
+    let (route, fp) = match route_chat(&app, &tenant, &req, &headers) {
+        Ok(routed) => routed,
+        Err(e) => {
+            // Counted under the route when the model names one.
+            let route = app.routes.get(&req.model).map(|r| r.name.clone());
+            return Err(refused(&app, Some(&tenant), route.as_ref(), e));
+        }
     };
-    if !route.serves(Endpoint::Chat) {
-        let e = not_served(&req.model, "chat completions");
-        return Err(refused(&app, Some(&tenant), Some(&route.name), e));
-    }
-    let fp = fingerprint_of(&tenant, &route, &req, &headers);
     let key = super::jobs::idempotency_key(&headers)
         .map_err(|e| refused(&app, Some(&tenant), Some(&route.name), e))?;
     if let Some(key) = key {
@@ -304,15 +303,24 @@ pub fn content_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The fingerprint of a request under its route's rules.
-pub fn fingerprint_of(
+/// A checked chat request's route (one that serves chat completions) and
+/// its fingerprint under the route's rules: the stage the plain path and
+/// the jobs API share.
+pub fn route_chat(
+    app: &AppState,
     tenant: &str,
-    route: &Route,
     req: &ChatRequest,
     headers: &HeaderMap,
-) -> Fingerprint {
+) -> Result<(Arc<Route>, Fingerprint), ApiError> {
+    let Some(route) = app.routes.get(&req.model).cloned() else {
+        return Err(ApiError::ModelNotFound(req.model.clone()));
+    };
+    if !route.serves(Endpoint::Chat) {
+        return Err(not_served(&req.model, "chat completions"));
+    }
     let user = headers.get(IDEM_USER).and_then(|v| v.to_str().ok());
-    fingerprint::fingerprint(&req.body, user, &route.rules(tenant))
+    let fp = fingerprint::fingerprint(&req.body, user, &route.rules(tenant));
+    Ok((route, fp))
 }
 
 /// What `Cache-Control` allows for this request: `no-cache` skips reading
