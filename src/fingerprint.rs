@@ -21,7 +21,7 @@ use std::str::FromStr;
 
 use serde_json::{Map, Number, Value};
 
-use crate::config::{Normalize, Scope, TargetConfig};
+use crate::config::{Normalize, ProviderKind, Scope, TargetConfig};
 
 /// Version of the fingerprint rules; part of both the hashed document and the
 /// printed form.
@@ -58,6 +58,12 @@ pub struct Rules<'a> {
     /// Each target's provider, upstream model and optional version join the
     /// hash, in order: the same prompt sent to another model is another task.
     pub targets: &'a [TargetConfig],
+    /// Each target's provider kind, in the same order (empty: unknown, as
+    /// `idem analyze` reads a log): the same question to an Anthropic target
+    /// and to an OpenAI one is two tasks. `openai` is left out of the hash,
+    /// so the fingerprints of OpenAI-compatible targets stay what they were
+    /// before kinds existed.
+    pub kinds: &'a [ProviderKind],
     pub normalize: Normalize,
     pub scope: Scope,
     /// Top-level request fields the route declares as noise.
@@ -320,7 +326,13 @@ fn write_document<W: Write>(
         if i > 0 {
             out.write_all(b",")?;
         }
-        out.write_all(b"{\"model\":")?;
+        out.write_all(b"{")?;
+        if let Some(kind) = rules.kinds.get(i).filter(|k| **k != ProviderKind::Openai) {
+            out.write_all(b"\"kind\":")?;
+            write_str(kind.as_str(), out)?;
+            out.write_all(b",")?;
+        }
+        out.write_all(b"\"model\":")?;
         write_str(&target.model, out)?;
         out.write_all(b",\"provider\":")?;
         write_str(&target.provider, out)?;
@@ -591,6 +603,7 @@ mod tests {
             tenant: "acme",
             route: "support-bot",
             targets,
+            kinds: &[],
             normalize: Normalize::None,
             scope: Scope::Tenant,
             ignore_fields: ignore,
@@ -686,6 +699,20 @@ mod tests {
             for j in i + 1..all.len() {
                 assert_ne!(all[i], all[j], "targets {i} and {j}");
             }
+        }
+        // A target's provider kind: openai is what a fingerprint without
+        // kinds always meant; another kind is another task.
+        let openai = Rules {
+            kinds: &[ProviderKind::Openai],
+            ..rules(&base, &[])
+        };
+        assert_eq!(fingerprint(&body, None, &openai), all[0]);
+        for kind in [ProviderKind::Anthropic, ProviderKind::Azure] {
+            let other = Rules {
+                kinds: &[kind],
+                ..rules(&base, &[])
+            };
+            assert_ne!(fingerprint(&body, None, &other), all[0], "{kind:?}");
         }
         // The client's `model` is replaced by the route and its targets.
         let mut renamed = chat("hi");

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::config::{Config, MaxWait, RouteConfig, RouteEndpoint, TargetConfig};
+use crate::config::{Config, MaxWait, ProviderKind, RouteConfig, RouteEndpoint, TargetConfig};
 use crate::contracts::CertSlot;
 use crate::contracts::{Contract, ContractError};
 use crate::fingerprint::Rules;
@@ -45,6 +45,8 @@ pub struct Route {
     /// the provider: `coalescing.redis_timeout` with a Redis backend, else
     /// zero. An automatic wait allows for it.
     pub shared_delay: Duration,
+    /// Each target's provider kind (for the fingerprint).
+    pub kinds: Vec<ProviderKind>,
 }
 
 impl Route {
@@ -92,6 +94,7 @@ impl Route {
             tenant,
             route: &self.name,
             targets: self.target_configs(),
+            kinds: &self.kinds,
             normalize: self.config.normalize,
             scope: self.config.scope,
             ignore_fields: &self.config.ignore_fields,
@@ -165,9 +168,11 @@ impl Routes {
                     }
                 })?)),
             };
+            let kinds = targets.iter().map(|t| t.provider.kind).collect();
             let route = Arc::new(Route {
                 name: Arc::from(rc.model.as_str()),
                 config: rc.clone(),
+                kinds,
                 targets,
                 latency: LatencyTracker::default(),
                 contract,

@@ -404,6 +404,7 @@ fn describe(e: &CallError) -> String {
         CallError::Broken { provider, .. } => {
             format!("the connection to provider {provider} was lost")
         }
+        CallError::Untranslatable { .. } => e.to_string(),
     }
 }
 

@@ -36,7 +36,10 @@ pub use coalescing::{CoalescingConfig, SharedBackend};
 pub use contracts::ContractsConfig;
 pub use jobs::JobsConfig;
 pub use log::LogConfig;
-pub use providers::{ProviderConfig, ProviderKind, chat_url};
+pub use providers::{
+    ANTHROPIC_BASE_URL, ANTHROPIC_VERSION, AZURE_API_VERSION, ProviderConfig, ProviderKind,
+    chat_url,
+};
 pub use routes::{
     MaxWait, Normalize, OnWaitTimeout, RouteAttempts, RouteCache, RouteCoalesce, RouteConfig,
     RouteEndpoint, Scope, TargetConfig,
@@ -254,6 +257,21 @@ impl Config {
         let mut route_names = HashSet::new();
         for (r, route) in self.routes.iter().enumerate() {
             route.validate(r, &mut route_names, known_provider, source)?;
+            // Anthropic's API embeds nothing.
+            if route.endpoints.contains(&RouteEndpoint::Embeddings)
+                && let Some((i, t)) = route.targets.iter().enumerate().find(|(_, t)| {
+                    self.provider(&t.provider)
+                        .is_some_and(|p| p.kind == ProviderKind::Anthropic)
+                })
+            {
+                return Err(self.invalid(
+                    format!("routes[{r}].targets[{i}].provider"),
+                    format!(
+                        "provider \"{}\" is kind anthropic, which has no embeddings API, and this route serves embeddings",
+                        t.provider
+                    ),
+                ));
+            }
         }
         Ok(())
     }

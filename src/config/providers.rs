@@ -1,5 +1,6 @@
-//! `[[providers]]`: the upstream APIs a route's targets call, and the chat
-//! completions URL of an OpenAI-compatible one.
+//! `[[providers]]`: the upstream APIs a route's targets call, of which kind
+//! each is (OpenAI-compatible, Anthropic, Azure OpenAI, the built-in mock),
+//! and the chat completions URL of an OpenAI-compatible one.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -13,9 +14,34 @@ use super::{BreakerConfig, ConfigError, NAME_RULE, Source, valid_name};
 pub enum ProviderKind {
     /// Any OpenAI-compatible HTTP API.
     Openai,
+    /// Anthropic's Messages API (`POST {base_url}/v1/messages`).
+    Anthropic,
+    /// Azure OpenAI: a target's model names its deployment.
+    Azure,
     /// The built-in fake provider, answered in-process (demo and default).
     Mock,
 }
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "openai",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Azure => "azure",
+            ProviderKind::Mock => "mock",
+        }
+    }
+}
+
+/// Anthropic's API host, when an anthropic provider names none.
+pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
+
+/// The `anthropic-version` idem speaks, unless the provider says otherwise.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// The Azure OpenAI `api-version` idem asks for, unless the provider says
+/// otherwise.
+pub const AZURE_API_VERSION: &str = "2024-10-21";
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +76,20 @@ pub struct ProviderConfig {
     /// that refuses `stream_options`.
     #[serde(default = "default_true")]
     pub stream_usage: bool,
+    /// `anthropic`: the `max_tokens` sent when the client sets none (the
+    /// Messages API requires it).
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    /// `anthropic`: the `anthropic-version` header.
+    #[serde(default)]
+    pub anthropic_version: Option<String>,
+    /// `azure`: the `api-version` query parameter.
+    #[serde(default)]
+    pub api_version: Option<String>,
+}
+
+fn default_max_tokens() -> u32 {
+    4096
 }
 
 fn default_provider_timeout() -> Duration {
@@ -84,10 +124,30 @@ impl ProviderConfig {
         if !names.insert(self.name.as_str()) {
             return Err(source.invalid(at("name"), "duplicate provider name"));
         }
-        if self.kind == ProviderKind::Openai
-            && let Err(reason) = chat_url(&self.base_url)
-        {
-            return Err(source.invalid(at("base_url"), reason));
+        match self.kind {
+            ProviderKind::Openai | ProviderKind::Azure => {
+                if let Err(reason) = chat_url(&self.base_url) {
+                    return Err(source.invalid(at("base_url"), reason));
+                }
+            }
+            ProviderKind::Anthropic if !self.base_url.is_empty() => {
+                if let Err(reason) = chat_url(&self.base_url) {
+                    return Err(source.invalid(at("base_url"), reason));
+                }
+            }
+            ProviderKind::Anthropic | ProviderKind::Mock => {}
+        }
+        if self.max_tokens == 0 {
+            return Err(source.invalid(at("max_tokens"), "must be above zero"));
+        }
+        if self.api_version.is_some() && self.kind != ProviderKind::Azure {
+            return Err(source.invalid(at("api_version"), "applies to kind = \"azure\" only"));
+        }
+        if self.anthropic_version.is_some() && self.kind != ProviderKind::Anthropic {
+            return Err(source.invalid(
+                at("anthropic_version"),
+                "applies to kind = \"anthropic\" only",
+            ));
         }
         if self.timeout.is_zero() {
             return Err(source.invalid(at("timeout"), "must be above zero"));
@@ -112,7 +172,7 @@ pub fn chat_url(base_url: &str) -> Result<reqwest::Url, String> {
     match parsed.scheme() {
         "http" | "https" => Ok(parsed),
         _ => Err(format!(
-            "{url:?}: an openai provider needs an http:// or https:// base_url"
+            "{url:?}: a provider needs an http:// or https:// base_url"
         )),
     }
 }

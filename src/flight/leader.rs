@@ -607,7 +607,9 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
     let reply = match provider.send(call.wire.endpoint(), body, timeout).await {
         Ok(r) => r,
         Err(e) => {
-            metrics.upstream_call(tenant, &provider.name, 0);
+            if e.was_sent() {
+                metrics.upstream_call(tenant, &provider.name, 0);
+            }
             tracing::warn!(route = %route.name, provider = %provider.name, error = %e, "upstream call failed");
             return e.answer(provider.name.clone(), t.model.clone());
         }

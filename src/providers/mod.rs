@@ -1,15 +1,22 @@
 //! Providers: the upstream LLM APIs idem calls, last stage of the request
-//! path. Kind `openai` speaks to any OpenAI-compatible base URL over a pooled
-//! keep-alive HTTP client; kind `mock` answers in-process (the embedded
-//! default and the demo).
+//! path. The core speaks one wire format, OpenAI's; each provider kind is a
+//! [`Dialect`] that turns a call into its own HTTP request and reads its
+//! reply back in OpenAI's format: [`openai`] (any OpenAI-compatible base
+//! URL), [`azure`] (Azure OpenAI deployments) and [`anthropic`] (the
+//! Messages API, translated both ways). Calls go over a pooled keep-alive
+//! HTTP client; kind `mock` answers in-process (the embedded default and the
+//! demo).
 //!
 //! A provider call never sees the client's headers: idem sends only the body,
 //! its own content type, and the provider's own key. Whatever happens is
 //! reported as an [`UpstreamReply`] (the provider answered with a status) or
 //! a [`CallError`] whose variant says whether the provider may have done the
-//! work (SPEC section 5: `failed` versus `unknown`).
+//! work (design: attempts, `failed` versus `unknown`).
 
+pub mod anthropic;
+pub mod azure;
 pub mod breaker;
+pub mod openai;
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -21,10 +28,10 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderValue};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 
 use crate::answer::{Answer, Failure};
-use crate::config::{Config, ProviderConfig, ProviderKind, chat_url};
+use crate::config::{Config, ProviderConfig, ProviderKind};
 
 /// A body as it arrives from the provider, chunk by chunk.
 pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, CallError>> + Send>>;
@@ -49,12 +56,24 @@ pub enum CallError {
         #[source]
         source: reqwest::Error,
     },
+    /// The request cannot be said in the provider's wire format (a field
+    /// its API has no equivalent for): nothing was sent.
+    #[error("provider {provider} cannot take this request: {reason}")]
+    Untranslatable { provider: Arc<str>, reason: String },
 }
 
 impl CallError {
     /// True when the provider certainly did not do the work.
     pub fn definitely_not_done(&self) -> bool {
-        matches!(self, CallError::Connect { .. })
+        matches!(
+            self,
+            CallError::Connect { .. } | CallError::Untranslatable { .. }
+        )
+    }
+
+    /// True when a request went out (and is counted as an upstream call).
+    pub fn was_sent(&self) -> bool {
+        !matches!(self, CallError::Untranslatable { .. })
     }
 
     /// The answer idem writes for this failure of `provider`'s `model`.
@@ -63,6 +82,23 @@ impl CallError {
             CallError::Connect { .. } => Failure::Connect,
             CallError::Timeout { .. } => Failure::Timeout,
             CallError::Broken { .. } => Failure::Broken,
+            // Refused before it was sent, as the provider would refuse a
+            // request it cannot take: a 400 shared with the flight's
+            // followers (their request is the same), never cached.
+            CallError::Untranslatable { reason, .. } => {
+                let message = format!("provider {provider} cannot take this request: {reason}");
+                let body = crate::answer::error_body(
+                    &message,
+                    "invalid_request_error",
+                    "unsupported_by_provider",
+                    None,
+                );
+                let mut answer = Answer::from_failure(Failure::Connect, "", provider, model);
+                answer.failure = None;
+                answer.status = StatusCode::BAD_REQUEST;
+                answer.body = Bytes::from(body.to_string());
+                return answer;
+            }
         };
         // The client sees which provider failed and how, never addresses.
         let message = match failure {
@@ -84,6 +120,51 @@ pub struct UpstreamReply {
     pub body: BodyStream,
 }
 
+/// How one kind of provider is spoken to: the HTTP request a call makes of
+/// idem's request (OpenAI's wire format, carrying the target's model), and
+/// the provider's reply read back in OpenAI's wire format, so that nothing
+/// after the provider (the flight, the caches, the checks, the renderings)
+/// knows which kind answered. Errors keep their meaning across kinds: the
+/// status a reply is read back with classifies it as SPEC's attempt
+/// outcomes do (design: attempts).
+pub trait Dialect: Send + Sync + std::fmt::Debug {
+    /// The request of a call to `endpoint`, or why this kind cannot take it
+    /// (nothing is sent then).
+    fn request(&self, endpoint: Endpoint, body: Bytes) -> Result<Outgoing, String>;
+
+    /// The provider's reply to `outgoing`, in OpenAI's wire format. `limit`
+    /// is the provider's `max_answer_bytes`: a reply that must be read whole
+    /// before it can be translated is read no further than that.
+    fn reply(&self, reading: &Reading, reply: UpstreamReply, limit: usize) -> UpstreamReply {
+        let _ = (reading, limit);
+        reply
+    }
+}
+
+/// An HTTP request to a provider.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub url: reqwest::Url,
+    /// The provider's own headers (its key among them); idem adds the
+    /// content type.
+    pub headers: Vec<(header::HeaderName, HeaderValue)>,
+    pub body: Bytes,
+    /// What reading the reply needs to know of the request.
+    pub reading: Reading,
+}
+
+/// What a dialect's reply translation needs to know of its request.
+#[derive(Debug, Clone, Default)]
+pub struct Reading {
+    /// The request asked for a stream.
+    pub stream: bool,
+    /// The request asked for a usage chunk at the end of its stream.
+    pub include_usage: bool,
+    /// The name of the tool that carries a `response_format`'s JSON
+    /// (Anthropic): its input is the answer's content.
+    pub json_tool: Option<String>,
+}
+
 /// One configured provider.
 pub struct Provider {
     pub name: Arc<str>,
@@ -94,7 +175,6 @@ pub struct Provider {
     /// Streamed calls ask for usage (`stream_usage`).
     pub stream_usage: bool,
     upstream: Upstream,
-    api_key: Option<SecretString>,
     client: reqwest::Client,
     mock_seq: AtomicU64,
 }
@@ -112,9 +192,10 @@ impl std::fmt::Debug for Provider {
 /// The provider API a call goes to: one per endpoint idem serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
-    /// `POST {base_url}/chat/completions`.
+    /// Chat completions (`POST {base_url}/chat/completions` of an
+    /// OpenAI-compatible provider).
     Chat,
-    /// `POST {base_url}/embeddings`.
+    /// Embeddings (`POST {base_url}/embeddings`).
     Embeddings,
 }
 
@@ -123,15 +204,12 @@ pub enum Endpoint {
 enum Upstream {
     /// `kind = "mock"`: answered in process.
     Mock,
-    /// The URLs of an OpenAI-compatible provider, parsed once at start-up
-    /// rather than on every call.
-    Http {
-        chat: reqwest::Url,
-        embeddings: reqwest::Url,
-    },
+    /// Over HTTP, in this dialect.
+    Http(Box<dyn Dialect>),
 }
 
-/// True when `Authorization: Bearer <key>` is a valid header value.
+/// True when `Authorization: Bearer <key>` is a valid header value (and so
+/// is the key in a header of its own).
 fn can_be_bearer(key: &str) -> bool {
     HeaderValue::from_str(&format!("Bearer {key}")).is_ok()
 }
@@ -201,19 +279,21 @@ impl Provider {
                 provider: config.name.clone(),
                 source: e,
             })?;
+        let bad = |reason| ProviderError::BaseUrl {
+            provider: config.name.clone(),
+            reason,
+        };
         let upstream = match config.kind {
             ProviderKind::Mock => Upstream::Mock,
-            ProviderKind::Openai => {
-                let bad = |reason| ProviderError::BaseUrl {
-                    provider: config.name.clone(),
-                    reason,
-                };
-                let chat = chat_url(&config.base_url).map_err(bad)?;
-                let base = config.base_url.trim_end_matches('/');
-                let embeddings = reqwest::Url::parse(&format!("{base}/embeddings"))
-                    .map_err(|e| bad(format!("{base:?} is not a URL: {e}")))?;
-                Upstream::Http { chat, embeddings }
+            ProviderKind::Openai => Upstream::Http(Box::new(
+                openai::OpenAi::new(&config.base_url, api_key).map_err(bad)?,
+            )),
+            ProviderKind::Azure => {
+                Upstream::Http(Box::new(azure::Azure::new(config, api_key).map_err(bad)?))
             }
+            ProviderKind::Anthropic => Upstream::Http(Box::new(
+                anthropic::Anthropic::new(config, api_key).map_err(bad)?,
+            )),
         };
         Ok(Provider {
             name: Arc::from(config.name.as_str()),
@@ -222,15 +302,15 @@ impl Provider {
             max_answer_bytes: config.max_answer_bytes,
             stream_usage: config.stream_usage,
             upstream,
-            api_key,
             client,
             mock_seq: AtomicU64::new(0),
         })
     }
 
     /// Sends a body (already carrying the upstream model) to `endpoint` and
-    /// returns once the provider has answered with a status. `timeout`
-    /// bounds the wait for the head and every pause between body chunks.
+    /// returns once the provider has answered with a status, in OpenAI's
+    /// wire format whatever its kind. `timeout` bounds the wait for the head
+    /// and every pause between body chunks.
     pub async fn send(
         &self,
         endpoint: Endpoint,
@@ -239,29 +319,32 @@ impl Provider {
     ) -> Result<UpstreamReply, CallError> {
         match &self.upstream {
             Upstream::Mock => Ok(self.mock_reply(endpoint, &body)),
-            Upstream::Http { chat, embeddings } => {
-                let url = match endpoint {
-                    Endpoint::Chat => chat,
-                    Endpoint::Embeddings => embeddings,
-                };
-                self.http_send(url, body, timeout).await
+            Upstream::Http(dialect) => {
+                let outgoing = dialect.request(endpoint, body).map_err(|reason| {
+                    CallError::Untranslatable {
+                        provider: self.name.clone(),
+                        reason,
+                    }
+                })?;
+                let reading = outgoing.reading.clone();
+                let reply = self.http_send(outgoing, timeout).await?;
+                Ok(dialect.reply(&reading, reply, self.max_answer_bytes))
             }
         }
     }
 
     async fn http_send(
         &self,
-        url: &reqwest::Url,
-        body: Bytes,
+        outgoing: Outgoing,
         timeout: Duration,
     ) -> Result<UpstreamReply, CallError> {
         let mut req = self
             .client
-            .post(url.clone())
+            .post(outgoing.url)
             .header(header::CONTENT_TYPE, "application/json")
-            .body(body);
-        if let Some(key) = &self.api_key {
-            req = req.bearer_auth(key.expose_secret());
+            .body(outgoing.body);
+        for (name, value) in outgoing.headers {
+            req = req.header(name, value);
         }
         let resp = match tokio::time::timeout(timeout, req.send()).await {
             Err(_) => {
