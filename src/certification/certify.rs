@@ -209,7 +209,12 @@ pub async fn certify_target(
     let provider_window = config
         .provider(&target.provider.name)
         .and_then(|p| p.context_window);
-    let limits = ModelLimits::of(&target.model, target_window, provider_window);
+    let mut limits = ModelLimits::of(&target.model, target_window, provider_window);
+    if limits.tokenizer.is_none() && target.provider.kind == crate::config::ProviderKind::Anthropic
+    {
+        // Anthropic's tokenizer is not public, but its API counts.
+        limits.tokenizer = Some(PROVIDER_COUNT.into());
+    }
     let mut cases = Vec::with_capacity(contract.cases.len());
     let mut failures = Vec::new();
     for case in &contract.cases {
@@ -272,7 +277,26 @@ async fn certify_case(
     limits: &ModelLimits,
     case: &Case,
 ) -> CaseReport {
-    let prompt_tokens = limits.count(&target.model, &case.messages);
+    let prompt_tokens = match limits.count(&target.model, &case.messages) {
+        Some(n) => Some(n),
+        // No tokenizer here: the provider's own count, where its API has one.
+        None if limits.tokenizer.as_deref() == Some(PROVIDER_COUNT) => {
+            let body = json!({"model": target.model.as_ref(), "messages": case.messages});
+            match target
+                .provider
+                .count_tokens(Bytes::from(body.to_string()))
+                .await
+            {
+                Some(Ok(n)) => Some(n),
+                Some(Err(e)) => {
+                    tracing::warn!(provider = %target.provider.name, error = %e, "cannot count a case's tokens");
+                    None
+                }
+                None => None,
+            }
+        }
+        None => None,
+    };
     let fits = match (prompt_tokens, limits.context_window) {
         (Some(p), Some(w)) => {
             Some(u64::from(p) + u64::from(case.max_tokens.unwrap_or(0)) <= u64::from(w))
@@ -360,6 +384,9 @@ async fn run_once(contract: &Contract, target: &Target, case: &Case, run: u32) -
     }
     report
 }
+
+/// The tokenizer a report names when the provider's API counted.
+const PROVIDER_COUNT: &str = "the provider's count_tokens";
 
 /// Sends one request and reads the whole answer as a chat completion.
 async fn call(target: &Target, body: Bytes) -> Result<Value, String> {

@@ -139,6 +139,14 @@ pub trait Dialect: Send + Sync + std::fmt::Debug {
         let _ = (reading, limit);
         reply
     }
+
+    /// The request that counts a chat request's prompt tokens, when the
+    /// provider's API has one (certification uses it where idem knows no
+    /// tokenizer for the model); its answer is `{"input_tokens": N}`.
+    fn count_tokens(&self, body: Bytes) -> Option<Result<Outgoing, String>> {
+        let _ = body;
+        None
+    }
 }
 
 /// An HTTP request to a provider.
@@ -331,6 +339,46 @@ impl Provider {
                 Ok(dialect.reply(&reading, reply, self.max_answer_bytes))
             }
         }
+    }
+
+    /// The prompt tokens of a chat request (`body`, carrying the upstream
+    /// model) as the provider counts them, when its API can: `None` when it
+    /// cannot, else the count or why there is none.
+    pub async fn count_tokens(&self, body: Bytes) -> Option<Result<u32, String>> {
+        let Upstream::Http(dialect) = &self.upstream else {
+            return None;
+        };
+        let outgoing = match dialect.count_tokens(body)? {
+            Ok(o) => o,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(self.read_count(outgoing).await)
+    }
+
+    async fn read_count(&self, outgoing: Outgoing) -> Result<u32, String> {
+        let reply = self
+            .http_send(outgoing, self.timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut whole = Vec::new();
+        let mut body = reply.body;
+        while let Some(chunk) = body.next().await {
+            whole.extend_from_slice(&chunk.map_err(|e| e.to_string())?);
+            if whole.len() > 64 * 1024 {
+                return Err("the token count's answer is too large".into());
+            }
+        }
+        if !reply.status.is_success() {
+            return Err(format!(
+                "the token count answered HTTP {}",
+                reply.status.as_u16()
+            ));
+        }
+        serde_json::from_slice::<serde_json::Value>(&whole)
+            .ok()
+            .and_then(|v| v.get("input_tokens")?.as_u64())
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| "the token count's answer has no input_tokens".to_string())
     }
 
     async fn http_send(

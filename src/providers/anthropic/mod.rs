@@ -28,6 +28,7 @@ use crate::config::{ANTHROPIC_BASE_URL, ANTHROPIC_VERSION, ProviderConfig, chat_
 #[derive(Debug)]
 pub struct Anthropic {
     messages: reqwest::Url,
+    count_tokens: reqwest::Url,
     headers: Vec<(HeaderName, HeaderValue)>,
     /// `max_tokens` when the client sets none.
     max_tokens: u32,
@@ -41,8 +42,12 @@ impl Anthropic {
             config.base_url.trim_end_matches('/')
         };
         chat_url(base)?;
-        let messages = reqwest::Url::parse(&format!("{base}/v1/messages"))
-            .map_err(|e| format!("{base:?} is not a URL: {e}"))?;
+        let url = |path: &str| {
+            reqwest::Url::parse(&format!("{base}{path}"))
+                .map_err(|e| format!("{base:?} is not a URL: {e}"))
+        };
+        let messages = url("/v1/messages")?;
+        let count_tokens = url("/v1/messages/count_tokens")?;
         let version = config
             .anthropic_version
             .as_deref()
@@ -60,6 +65,7 @@ impl Anthropic {
         }
         Ok(Anthropic {
             messages,
+            count_tokens,
             headers,
             max_tokens: config.max_tokens,
         })
@@ -80,6 +86,25 @@ impl Dialect for Anthropic {
             body: Bytes::from(serde_json::to_vec(&messages).unwrap_or_default()),
             reading,
         })
+    }
+
+    /// `POST /v1/messages/count_tokens` with the translated request's
+    /// model, system, messages and tools (the only fields it takes).
+    fn count_tokens(&self, body: Bytes) -> Option<Result<Outgoing, String>> {
+        let counted = self.request(Endpoint::Chat, body).and_then(|mut outgoing| {
+            let mut m: Map<String, Value> = serde_json::from_slice(&outgoing.body)
+                .map_err(|e| format!("cannot read the translated request: {e}"))?;
+            m.retain(|k, _| {
+                matches!(
+                    k.as_str(),
+                    "model" | "system" | "messages" | "tools" | "tool_choice"
+                )
+            });
+            outgoing.url = self.count_tokens.clone();
+            outgoing.body = Bytes::from(serde_json::to_vec(&m).unwrap_or_default());
+            Ok(outgoing)
+        });
+        Some(counted)
     }
 
     fn reply(&self, reading: &Reading, reply: UpstreamReply, limit: usize) -> UpstreamReply {
