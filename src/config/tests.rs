@@ -335,3 +335,21 @@ fn a_route_serves_chat_by_default_and_says_so_when_it_serves_more() {
     assert!(err.contains("serves none"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every example configuration shipped in `examples/providers` loads and
+/// validates as `idem check` would (keys from the environment aside).
+#[test]
+fn the_provider_examples_are_valid_configurations() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/providers");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let config = Config::load_with_env(Some(&path), false)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!config.routes.is_empty(), "{}", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 7, "only {checked} examples");
+}
