@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use idem::app::App;
-use idem::config::{Config, Source};
+use idem::config::{Config, ProviderKind, Source};
 use idem::http::AppState;
 use idem::mock_upstream::{Behaviour, MockServer};
 use serde_json::{Value, json};
@@ -84,6 +84,10 @@ pub struct Spec {
     pub storage_url: Option<String>,
     /// Extra keys of tenant `acme` (`rate_limit = {...}`).
     pub acme: String,
+    /// The provider kinds of `primary` and `fallback`: the mock speaks
+    /// OpenAI's wire format and Anthropic's.
+    pub primary_kind: ProviderKind,
+    pub fallback_kind: ProviderKind,
 }
 
 impl Default for Spec {
@@ -103,7 +107,25 @@ impl Default for Spec {
             postgres: false,
             storage_url: None,
             acme: String::new(),
+            primary_kind: ProviderKind::Openai,
+            fallback_kind: ProviderKind::Openai,
         }
+    }
+}
+
+/// A provider's `kind` and `base_url` keys for a mock speaking `kind`.
+pub fn provider_keys(kind: ProviderKind, mock: &MockServer) -> String {
+    match kind {
+        // The Messages API lives at `{base_url}/v1/messages`.
+        ProviderKind::Anthropic => format!(
+            "kind = \"anthropic\"\nbase_url = \"http://{}\"\n",
+            mock.addr()
+        ),
+        other => format!(
+            "kind = \"{}\"\nbase_url = \"{}\"\n",
+            other.as_str(),
+            mock.base_url()
+        ),
     }
 }
 
@@ -139,22 +161,20 @@ name = "beta"
 api_keys = ["{BETA}"]
 [[providers]]
 name = "primary"
-kind = "openai"
-base_url = "{primary}"
-timeout = "{timeout}"
+{primary}timeout = "{timeout}"
 {provider_extra}
 "#,
         server = spec.server,
         jobs = spec.jobs,
         acme = spec.acme,
-        primary = mocks.primary.base_url(),
+        primary = provider_keys(spec.primary_kind, &mocks.primary),
         timeout = spec.provider_timeout,
         provider_extra = spec.provider_extra,
     );
     if let Some(f) = &mocks.fallback {
         t.push_str(&format!(
-            "[[providers]]\nname = \"fallback\"\nkind = \"openai\"\nbase_url = \"{}\"\ntimeout = \"{}\"\n",
-            f.base_url(),
+            "[[providers]]\nname = \"fallback\"\n{}timeout = \"{}\"\n",
+            provider_keys(spec.fallback_kind, f),
             spec.provider_timeout
         ));
     }
