@@ -4,7 +4,7 @@
 //! An [`Answer`] is immutable and shared behind an `Arc`; it remembers the
 //! form the provider used (plain JSON or an SSE stream) and renders either
 //! form on demand, so a follower gets the answer in the form it asked for.
-//! [`Verdict`] classifies it the way SPEC section 5 does (`succeeded`,
+//! [`Verdict`] classifies it the way docs/design.md, "Jobs and attempts" does (`succeeded`,
 //! `failed`: the provider certainly did not do the work, `unknown`: it may
 //! have), and [`Answer::negative_ttl`] applies the cache table of section 4.
 //! [`Answer::malformed`] says why a provider's 2xx is not a chat completion
@@ -105,7 +105,7 @@ fn usage_of(v: &Value) -> Option<(u64, u64)> {
     ))
 }
 
-/// How an attempt ended (SPEC section 5).
+/// How an attempt ended (docs/design.md, "Jobs and attempts").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Succeeded,
@@ -257,7 +257,7 @@ impl Answer {
         self.body.len() + rendered + self.provider.len() + self.model.len()
     }
 
-    /// SPEC section 5's classification of an attempt's outcome.
+    /// docs/design.md, "Jobs and attempts"'s classification of an attempt's outcome.
     pub fn verdict(&self) -> Verdict {
         match self.failure {
             Some(Failure::Connect) => return Verdict::Failed("connect_error"),

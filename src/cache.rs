@@ -1,7 +1,7 @@
 //! The result cache: finished answers kept for a short, jittered while after
 //! their flight ends, so the next wave of the same prompt costs nothing; and
 //! the negative cache, which keeps a provider's failure for a few seconds so
-//! waiters never re-attack a failing provider (SPEC section 4).
+//! waiters never re-attack a failing provider (docs/design.md, "Coalescing and the caches").
 //!
 //! Entries live in [`moka`] caches with a per-entry expiry. Successes are
 //! keyed by fingerprint; failures by fingerprint and target, since a failure

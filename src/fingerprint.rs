@@ -1,4 +1,4 @@
-//! Fingerprints: what counts as "the same task" (SPEC section 3).
+//! Fingerprints: what counts as "the same task" (docs/design.md, "What counts as the same task").
 //!
 //! Every chat completion request is reduced to a [`Fingerprint`] right after
 //! routing and before the result cache and the flight table, which are both
@@ -170,7 +170,7 @@ pub fn write_canonical(value: &Value, out: &mut impl Write) -> io::Result<()> {
     }
 }
 
-/// Normalizes message text for a route (SPEC section 3).
+/// Normalizes message text for a route (docs/design.md, "What counts as the same task").
 ///
 /// `None` returns the text unchanged. `Whitespace` trims and collapses every
 /// run of whitespace (newlines included) to one space, except inside fenced

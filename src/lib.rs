@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //!
-//! The modules follow a request (design: the request path):
+//! The modules follow a request (docs/design.md, "The request path"):
 //!
 //! - [`http`]: the router, authentication ([`tenants`]), validation, and the
 //!   faces (`openai`: chat completions and models; `embeddings`; `jobs`;

@@ -1,4 +1,4 @@
-//! Numbers, not feelings: the Prometheus metrics of SPEC section 7 and the
+//! Numbers, not feelings: the Prometheus metrics of docs/design.md, "Numbers" and the
 //! per-tenant figures behind `GET /v1/stats`.
 //!
 //! Each [`App`](crate::app::App) owns its own Prometheus recorder (not the

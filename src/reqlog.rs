@@ -1,6 +1,6 @@
 //! The request log: one structured line per chat completion and per job
 //! creation, written at the end of the handler, after the answer's head is
-//! known (SPEC section 7).
+//! known (docs/design.md, "Numbers").
 //!
 //! Its fields are a public interface (the README's "Request log" lists
 //! them, and `idem analyze` reads them back), so they are named once, in

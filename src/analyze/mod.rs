@@ -1,6 +1,6 @@
 //! `idem analyze`: what a request log (or a file of raw OpenAI request
 //! bodies) says about duplicates, and which wait window and TTL to choose,
-//! from data rather than feel (SPEC section 7).
+//! from data rather than feel (docs/design.md, "Numbers").
 //!
 //! The command streams its inputs through the [`input::Collector`] (one
 //! small event per request, grouped by tenant and fingerprint), then

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::input::{Collector, Counts};
 use super::simulate::{self, Savings, Settings};
 
-/// The usual range of a success TTL (SPEC section 4's advice): long enough
+/// The usual range of a success TTL (docs/design.md, "Coalescing and the caches"'s advice): long enough
 /// to absorb the next wave, short enough that answers stay fresh.
 pub const TTL_FLOOR_S: u64 = 15;
 pub const TTL_CAP_S: u64 = 60;

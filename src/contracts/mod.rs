@@ -1,6 +1,6 @@
 //! Contracts: what a route's answers must satisfy before idem treats them as
 //! a success, and the certification that decides where automatic failover
-//! may send work (SPEC section 6).
+//! may send work (docs/design.md, "Providers and certified failover").
 //!
 //! A route may name a contract file (TOML): a JSON Schema for the assistant
 //! content, `required` keys, `forbid_extra_top_level_keys`, value checks per
@@ -58,7 +58,7 @@ pub enum ContractError {
     },
 }
 
-/// The contract file as written (SPEC section 6).
+/// The contract file as written (docs/design.md, "Providers and certified failover").
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ContractFile {

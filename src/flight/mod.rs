@@ -1,5 +1,5 @@
 //! Coalescing: one upstream call per identical task in flight, on one
-//! target (design: coalescing).
+//! target (docs/design.md, "Coalescing and the caches").
 //!
 //! [`Coalescer::via_target`] is the flight stage of the request path: a
 //! task's negative cache on that target, then its flight. The first request

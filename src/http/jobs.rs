@@ -1,4 +1,4 @@
-//! The jobs API (SPEC section 5): create with an `Idempotency-Key`, read,
+//! The jobs API (docs/design.md, "Jobs and attempts"): create with an `Idempotency-Key`, read,
 //! list, retry, resolve (admin) and cancel. Every lookup is scoped to the
 //! caller's tenant: another tenant's job is 404, never 403.
 

@@ -1,7 +1,7 @@
 //! The OpenAI-compatible endpoints: `POST /v1/chat/completions` and
 //! `GET /v1/models`.
 //!
-//! The chat handler is the request path (design: the request path), one
+//! The chat handler is the request path (docs/design.md, "The request path"), one
 //! stage per line: auth -> parse & validate -> route -> [Idempotency-Key?
 //! -> job] -> fingerprint -> the core ([`Core::obtain`]: cache -> targets
 //! -> flight -> provider). This file turns the request into the core's

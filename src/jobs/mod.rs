@@ -1,4 +1,4 @@
-//! Jobs: one job per user intent (SPEC section 5).
+//! Jobs: one job per user intent (docs/design.md, "Jobs and attempts").
 //!
 //! A job-creating request carries an `Idempotency-Key`; the database's
 //! UNIQUE `(tenant, idempotency_key)` decides which request created the job,
@@ -103,7 +103,7 @@ pub trait JobEnv: Send + Sync + 'static {
 pub type Env = Arc<dyn JobEnv>;
 
 /// The payload hash: the fingerprint rules without text normalization
-/// (SPEC section 5), plus the job's metadata. Two requests are the same
+/// (docs/design.md, "Jobs and attempts"), plus the job's metadata. Two requests are the same
 /// intent only if this matches.
 pub fn payload_hash(
     tenant: &str,
@@ -188,7 +188,7 @@ impl Jobs {
         }
     }
 
-    /// A manual retry (design: the job state machine): a failed job goes
+    /// A manual retry (docs/design.md, "Jobs and attempts"): a failed job goes
     /// back to the queue with one more attempt in its budget. Refused while
     /// the job is queued or running or any attempt is `starting`, `running`
     /// or `unknown`; the store's guard settles a race.
@@ -372,7 +372,7 @@ pub fn job_answer(job: &JobRecord, route: &Route) -> Answer {
     }
 }
 
-/// A job as the API shows it (SPEC section 5: the field names are part of
+/// A job as the API shows it (docs/design.md, "Jobs and attempts": the field names are part of
 /// the contract).
 pub fn job_json(job: &JobRecord, attempts: Option<&[AttemptRecord]>) -> Value {
     let parse = |t: &Option<String>| {

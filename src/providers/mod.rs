@@ -11,7 +11,7 @@
 //! its own content type, and the provider's own key. Whatever happens is
 //! reported as an [`UpstreamReply`] (the provider answered with a status) or
 //! a [`CallError`] whose variant says whether the provider may have done the
-//! work (design: attempts, `failed` versus `unknown`).
+//! work (docs/design.md, "Jobs and attempts": `failed` versus `unknown`).
 
 pub mod anthropic;
 pub mod azure;
@@ -125,8 +125,8 @@ pub struct UpstreamReply {
 /// the provider's reply read back in OpenAI's wire format, so that nothing
 /// after the provider (the flight, the caches, the checks, the renderings)
 /// knows which kind answered. Errors keep their meaning across kinds: the
-/// status a reply is read back with classifies it as SPEC's attempt
-/// outcomes do (design: attempts).
+/// status a reply is read back with classifies it as the attempt
+/// outcomes of docs/design.md, "Jobs and attempts", do.
 pub trait Dialect: Send + Sync + std::fmt::Debug {
     /// The request of a call to `endpoint`, or why this kind cannot take it
     /// (nothing is sent then).

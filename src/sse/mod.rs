@@ -1,7 +1,7 @@
 //! Streaming: a chat completion in its SSE form and in its plain JSON form.
 //!
 //! A flight has one upstream call but followers that may want either form
-//! (SPEC sections 2 and 4): a leader that streamed must still give a
+//! (docs/design.md, "The request path" and "Coalescing and the caches"): a leader that streamed must still give a
 //! non-streaming follower, the result cache and the job store one plain
 //! `chat.completion` ([`assemble`]), and a plain answer from the cache or a
 //! non-streaming leader must reach a streaming client as a stream it cannot

@@ -82,7 +82,7 @@ fn transient_code(code: &str) -> bool {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// Job states (SPEC section 5).
+/// Job states (docs/design.md, "Jobs and attempts").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
@@ -122,7 +122,7 @@ impl JobState {
     }
 }
 
-/// Attempt states (SPEC section 5).
+/// Attempt states (docs/design.md, "Jobs and attempts").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttemptState {
@@ -416,7 +416,7 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
     ) -> Result<bool>;
 
-    /// Compare-and-swap completion (SPEC section 5):
+    /// Compare-and-swap completion (docs/design.md, "Jobs and attempts"):
     /// `UPDATE jobs SET result=.., completed_by=n, version=version+1,
     /// state='succeeded' WHERE id=$1 AND version=read_version AND
     /// completed_by IS NULL`; on success the attempt becomes `succeeded`,

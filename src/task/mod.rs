@@ -1,5 +1,5 @@
-//! The core of the request path: a task in, a delivery out (design: the
-//! request path). It knows no HTTP and no wire format.
+//! The core of the request path: a task in, a delivery out (docs/design.md,
+//! "The request path"). It knows no HTTP and no wire format.
 //!
 //! A [`Task`] is what one request wants done, in no endpoint's words: its
 //! tenant, its route, its fingerprint, the request its endpoint's [`Wire`]

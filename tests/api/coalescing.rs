@@ -1,4 +1,4 @@
-//! Coalescing and the result cache (SPEC section 4): one upstream call per
+//! Coalescing and the result cache (docs/design.md, "Coalescing and the caches"): one upstream call per
 //! identical prompt in flight, against a provider the tests hold and
 //! release.
 

@@ -1,5 +1,5 @@
-//! Provider contracts, certification and certified failover (SPEC section
-//! 6), against the real gateway and mock providers that misbehave on
+//! Provider contracts, certification and certified failover
+//! (docs/design.md, "Providers and certified failover"), against the real gateway and mock providers that misbehave on
 //! purpose: a hallucinated top-level key, prose instead of JSON, a wrong
 //! enum value, a dead primary, a slow primary, a prompt too long for the
 //! target's context window.

@@ -1,4 +1,4 @@
-//! Jobs and attempts (SPEC section 5) over HTTP: idempotency keys, the
+//! Jobs and attempts (docs/design.md, "Jobs and attempts") over HTTP: idempotency keys, the
 //! attempt state machine, compare-and-swap completion, crash recovery.
 
 use std::collections::HashSet;

@@ -1,4 +1,4 @@
-//! Several replicas (SPEC sections 4 and 9): three real `idem` processes
+//! Several replicas (docs/design.md, "Coalescing and the caches" and "Replicas: take-overs and late writes"): three real `idem` processes
 //! sharing Redis and PostgreSQL in front of one mock provider.
 
 use std::collections::HashSet;

@@ -6,7 +6,7 @@
 //! bottom feed it small hand-written histories that break one rule each and
 //! assert that the checker flags them (and passes the clean one).
 //!
-//! The upstream-call bound (SPEC section 4), per wave, per tenant (one
+//! The upstream-call bound (docs/design.md, "Coalescing and the caches"), per wave, per tenant (one
 //! fingerprint) and per target model: the first call is free; every further
 //! call must be paid for by one of
 //! - a fault overlapping the wave (from 3 s before it): a Redis outage pays

@@ -176,7 +176,7 @@ pub enum FaultKind {
     /// Not injected: Redis operations that failed on a replica (its
     /// `idem_redis_errors_total` grew by this much in the interval), for
     /// example timeouts under load. Each made that replica coalesce locally
-    /// once, as the SPEC says it must.
+    /// once, as docs/design.md says it must.
     RedisErrors { replica: usize, count: u64 },
 }
 
@@ -228,7 +228,7 @@ pub struct AttemptRow {
 }
 
 impl AttemptRow {
-    /// `starting`, `running` and `unknown` hold the job (SPEC section 5).
+    /// `starting`, `running` and `unknown` hold the job (docs/design.md, "Jobs and attempts").
     pub fn is_active(&self) -> bool {
         matches!(self.state.as_str(), "starting" | "running" | "unknown")
     }
