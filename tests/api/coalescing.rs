@@ -10,75 +10,80 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_wave_of_1000_makes_one_call_the_next_wave_none_and_another_tenant_one() {
-    let app = TestApp::with(holding()).await;
-    let body = chat_body("Where is my order?");
-    let tasks = wave(&app, ACME, &body, 1000).await;
-    held(&app.mock, 1).await;
-    app.until_followers(999).await;
-    release(&app.mock, None).await;
-    let results = collect(tasks).await;
-    assert_eq!(
-        app.calls(),
-        1,
-        "a wave of 1000 identical requests made more than one call"
-    );
-    assert!(results.iter().all(|(s, _, _)| *s == 200));
-    let bodies: HashSet<&str> = results.iter().map(|(_, _, b)| b.as_str()).collect();
-    assert_eq!(bodies.len(), 1, "followers got different answers");
-    let outcomes = count_by(&results, |(_, o, _)| o.clone());
-    assert_eq!(outcomes.get("leader"), Some(&1));
-    assert_eq!(outcomes.get("follower"), Some(&999));
-    let first: Value = serde_json::from_str(results[0].2.as_str()).unwrap();
-    assert_eq!(content_of(&first), "mock answer #1 to: Where is my order?");
-
-    // A second wave within the TTL: no call at all.
-    let results = collect(wave(&app, ACME, &body, 1000).await).await;
-    assert_eq!(app.calls(), 1);
-    assert!(
-        results
-            .iter()
-            .all(|(s, o, b)| *s == 200 && o == "cache-hit" && bodies.contains(b.as_str()))
-    );
-
-    // The figures agree.
-    let (_, stats) = app.get_json(ACME, "/v1/stats").await;
-    let c = &stats["coalescing"];
-    assert_eq!(c["incoming_requests"], 2000);
-    assert_eq!(c["upstream_calls"], 1);
-    assert_eq!(c["followers"], 999);
-    assert_eq!(c["cache_hits"], 1000);
-    assert_eq!(c["saved_calls"], 1999);
-    let metrics = app.metrics().await;
-    assert!(
-        metrics.contains("idem_requests_total{route=\"bot\",outcome=\"follower\"} 999"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("idem_upstream_calls_total{provider=\"primary\",status=\"200\"} 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("idem_coalesce_wait_seconds_count{route=\"bot\"} 999"),
-        "{metrics}"
-    );
-
-    // The same wave from another tenant: one more call, never acme's answer.
-    let tasks = wave(&app, BETA, &body, 1000).await;
-    held(&app.mock, 1).await;
-    release(&app.mock, None).await;
-    let results = collect(tasks).await;
-    assert_eq!(app.calls(), 2);
-    for (s, _, b) in &results {
-        assert_eq!(*s, 200);
-        assert!(
-            !bodies.contains(b.as_str()),
-            "tenant beta received tenant acme's answer"
+each_kind! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_wave_of_1000_makes_one_call_the_next_wave_none_and_another_tenant_one(kind) {
+        let app = TestApp::with(Spec {
+            primary_kind: kind,
+            ..holding()
+        }).await;
+        let body = chat_body("Where is my order?");
+        let tasks = wave(&app, ACME, &body, 1000).await;
+        held(&app.mock, 1).await;
+        app.until_followers(999).await;
+        release(&app.mock, None).await;
+        let results = collect(tasks).await;
+        assert_eq!(
+            app.calls(),
+            1,
+            "a wave of 1000 identical requests made more than one call"
         );
-        assert!(b.contains("mock answer #2"), "{b}");
+        assert!(results.iter().all(|(s, _, _)| *s == 200));
+        let bodies: HashSet<&str> = results.iter().map(|(_, _, b)| b.as_str()).collect();
+        assert_eq!(bodies.len(), 1, "followers got different answers");
+        let outcomes = count_by(&results, |(_, o, _)| o.clone());
+        assert_eq!(outcomes.get("leader"), Some(&1));
+        assert_eq!(outcomes.get("follower"), Some(&999));
+        let first: Value = serde_json::from_str(results[0].2.as_str()).unwrap();
+        assert_eq!(content_of(&first), "mock answer #1 to: Where is my order?");
+
+        // A second wave within the TTL: no call at all.
+        let results = collect(wave(&app, ACME, &body, 1000).await).await;
+        assert_eq!(app.calls(), 1);
+        assert!(
+            results
+                .iter()
+                .all(|(s, o, b)| *s == 200 && o == "cache-hit" && bodies.contains(b.as_str()))
+        );
+
+        // The figures agree.
+        let (_, stats) = app.get_json(ACME, "/v1/stats").await;
+        let c = &stats["coalescing"];
+        assert_eq!(c["incoming_requests"], 2000);
+        assert_eq!(c["upstream_calls"], 1);
+        assert_eq!(c["followers"], 999);
+        assert_eq!(c["cache_hits"], 1000);
+        assert_eq!(c["saved_calls"], 1999);
+        let metrics = app.metrics().await;
+        assert!(
+            metrics.contains("idem_requests_total{route=\"bot\",outcome=\"follower\"} 999"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("idem_upstream_calls_total{provider=\"primary\",status=\"200\"} 1"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("idem_coalesce_wait_seconds_count{route=\"bot\"} 999"),
+            "{metrics}"
+        );
+
+        // The same wave from another tenant: one more call, never acme's answer.
+        let tasks = wave(&app, BETA, &body, 1000).await;
+        held(&app.mock, 1).await;
+        release(&app.mock, None).await;
+        let results = collect(tasks).await;
+        assert_eq!(app.calls(), 2);
+        for (s, _, b) in &results {
+            assert_eq!(*s, 200);
+            assert!(
+                !bodies.contains(b.as_str()),
+                "tenant beta received tenant acme's answer"
+            );
+            assert!(b.contains("mock answer #2"), "{b}");
+        }
+        app.until_no_flights().await;
     }
-    app.until_no_flights().await;
 }
 
 #[tokio::test]
@@ -141,60 +146,63 @@ async fn what_changes_the_answer_makes_a_separate_call_and_noise_does_not() {
     assert_eq!(app.calls(), 5);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_failing_provider_is_not_re_attacked_by_waiters() {
-    let app = TestApp::with(Spec {
-        primary: Behaviour {
-            hold: true,
-            fail_status: Some(500),
-            ..Behaviour::default()
-        },
-        cache: "server_error_ttl = \"1500ms\"\n".into(),
-        ..Spec::default()
-    })
-    .await;
-    let body = chat_body("Is the service up?");
-    let tasks = wave(&app, ACME, &body, 200).await;
-    held(&app.mock, 1).await;
-    app.until_followers(199).await;
-    release(&app.mock, None).await;
-    let results = collect(tasks).await;
-    assert_eq!(app.calls(), 1);
-    let first = &results[0].2;
-    for (status, _, b) in &results {
-        assert_eq!(*status, 500);
-        assert_eq!(b, first, "a follower got another error than its leader");
+each_kind! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_failing_provider_is_not_re_attacked_by_waiters(kind) {
+        let app = TestApp::with(Spec {
+            primary: Behaviour {
+                hold: true,
+                fail_status: Some(500),
+                ..Behaviour::default()
+            },
+            cache: "server_error_ttl = \"1500ms\"\n".into(),
+            primary_kind: kind,
+            ..Spec::default()
+        })
+        .await;
+        let body = chat_body("Is the service up?");
+        let tasks = wave(&app, ACME, &body, 200).await;
+        held(&app.mock, 1).await;
+        app.until_followers(199).await;
+        release(&app.mock, None).await;
+        let results = collect(tasks).await;
+        assert_eq!(app.calls(), 1);
+        let first = &results[0].2;
+        for (status, _, b) in &results {
+            assert_eq!(*status, 500);
+            assert_eq!(b, first, "a follower got another error than its leader");
+        }
+        let v: Value = serde_json::from_str(first).unwrap();
+        assert_eq!(v["error"]["message"], "mock failure");
+        let metrics = app.metrics().await;
+        assert!(
+            metrics.contains("idem_leader_errors_shared_total{route=\"bot\"} 199"),
+            "{metrics}"
+        );
+
+        // A new wave right after: answered from the negative cache.
+        let started = Instant::now();
+        let results = collect(wave(&app, ACME, &body, 200).await).await;
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "the check ran past the negative TTL"
+        );
+        assert_eq!(app.calls(), 1, "waiters re-attacked a failing provider");
+        assert!(
+            results
+                .iter()
+                .all(|(s, o, _)| *s == 500 && o == "negative-hit")
+        );
+
+        // After the negative TTL: exactly one call again.
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        let tasks = wave(&app, ACME, &body, 50).await;
+        held(&app.mock, 1).await;
+        app.until_followers(49).await;
+        release(&app.mock, None).await;
+        collect(tasks).await;
+        assert_eq!(app.calls(), 2);
     }
-    let v: Value = serde_json::from_str(first).unwrap();
-    assert_eq!(v["error"]["message"], "mock failure");
-    let metrics = app.metrics().await;
-    assert!(
-        metrics.contains("idem_leader_errors_shared_total{route=\"bot\"} 199"),
-        "{metrics}"
-    );
-
-    // A new wave right after: answered from the negative cache.
-    let started = Instant::now();
-    let results = collect(wave(&app, ACME, &body, 200).await).await;
-    assert!(
-        started.elapsed() < Duration::from_millis(1500),
-        "the check ran past the negative TTL"
-    );
-    assert_eq!(app.calls(), 1, "waiters re-attacked a failing provider");
-    assert!(
-        results
-            .iter()
-            .all(|(s, o, _)| *s == 500 && o == "negative-hit")
-    );
-
-    // After the negative TTL: exactly one call again.
-    tokio::time::sleep(Duration::from_millis(1600)).await;
-    let tasks = wave(&app, ACME, &body, 50).await;
-    held(&app.mock, 1).await;
-    app.until_followers(49).await;
-    release(&app.mock, None).await;
-    collect(tasks).await;
-    assert_eq!(app.calls(), 2);
 }
 
 #[tokio::test]
@@ -221,29 +229,34 @@ async fn retry_after_sets_the_negative_ttl() {
     assert_eq!(app.calls(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_leaders_client_leaving_does_not_cancel_the_call() {
-    let app = TestApp::with(holding()).await;
-    let body = chat_body("I will hang up");
-    let leader = tokio::spawn({
-        let (client, url) = (app.client.clone(), app.url("/v1/chat/completions"));
-        let body = body.clone();
-        async move { client.post(url).bearer_auth(ACME).json(&body).send().await }
-    });
-    held(&app.mock, 1).await;
-    let followers = wave(&app, ACME, &body, 20).await;
-    app.until_followers(20).await;
-    leader.abort();
-    let _ = leader.await;
-    release(&app.mock, None).await;
-    let results = collect(followers).await;
-    assert!(
-        results
-            .iter()
-            .all(|(s, o, b)| *s == 200 && o == "follower" && b.contains("#1"))
-    );
-    assert_eq!(app.calls(), 1);
-    app.until_no_flights().await;
+each_kind! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_leaders_client_leaving_does_not_cancel_the_call(kind) {
+        let app = TestApp::with(Spec {
+            primary_kind: kind,
+            ..holding()
+        }).await;
+        let body = chat_body("I will hang up");
+        let leader = tokio::spawn({
+            let (client, url) = (app.client.clone(), app.url("/v1/chat/completions"));
+            let body = body.clone();
+            async move { client.post(url).bearer_auth(ACME).json(&body).send().await }
+        });
+        held(&app.mock, 1).await;
+        let followers = wave(&app, ACME, &body, 20).await;
+        app.until_followers(20).await;
+        leader.abort();
+        let _ = leader.await;
+        release(&app.mock, None).await;
+        let results = collect(followers).await;
+        assert!(
+            results
+                .iter()
+                .all(|(s, o, b)| *s == 200 && o == "follower" && b.contains("#1"))
+        );
+        assert_eq!(app.calls(), 1);
+        app.until_no_flights().await;
+    }
 }
 
 #[tokio::test]
@@ -552,43 +565,46 @@ async fn cache_ttls_are_jittered_across_the_whole_band() {
     assert!(max - min >= 8_000, "expiry spread only {} ms", max - min);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn streaming_and_plain_followers_of_a_streaming_leader_get_the_same_text() {
-    let app = TestApp::with(Spec {
-        primary: Behaviour {
-            hold: true,
-            chunk_delay_ms: 20,
-            ..Behaviour::default()
-        },
-        ..Spec::default()
-    })
-    .await;
-    let mut streamed = chat_body("tell me a story about coalescing");
-    streamed["stream"] = json!(true);
-    let plain = chat_body("tell me a story about coalescing");
-    let leader = wave(&app, ACME, &streamed, 1).await;
-    held(&app.mock, 1).await;
-    let stream_followers = wave(&app, ACME, &streamed, 5).await;
-    let plain_followers = wave(&app, ACME, &plain, 5).await;
-    app.until_followers(10).await;
-    release(&app.mock, None).await;
-    let expected = "mock answer #1 to: tell me a story about coalescing";
-    for (s, o, b) in collect(leader)
-        .await
-        .into_iter()
-        .chain(collect(stream_followers).await)
-    {
-        assert_eq!(s, 200);
-        assert!(o == "leader" || o == "follower");
-        assert_eq!(sse_content(&b), expected);
+each_kind! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn streaming_and_plain_followers_of_a_streaming_leader_get_the_same_text(kind) {
+        let app = TestApp::with(Spec {
+            primary: Behaviour {
+                hold: true,
+                chunk_delay_ms: 20,
+                ..Behaviour::default()
+            },
+            primary_kind: kind,
+            ..Spec::default()
+        })
+        .await;
+        let mut streamed = chat_body("tell me a story about coalescing");
+        streamed["stream"] = json!(true);
+        let plain = chat_body("tell me a story about coalescing");
+        let leader = wave(&app, ACME, &streamed, 1).await;
+        held(&app.mock, 1).await;
+        let stream_followers = wave(&app, ACME, &streamed, 5).await;
+        let plain_followers = wave(&app, ACME, &plain, 5).await;
+        app.until_followers(10).await;
+        release(&app.mock, None).await;
+        let expected = "mock answer #1 to: tell me a story about coalescing";
+        for (s, o, b) in collect(leader)
+            .await
+            .into_iter()
+            .chain(collect(stream_followers).await)
+        {
+            assert_eq!(s, 200);
+            assert!(o == "leader" || o == "follower");
+            assert_eq!(sse_content(&b), expected);
+        }
+        for (s, o, b) in collect(plain_followers).await {
+            assert_eq!((s, o.as_str()), (200, "follower"));
+            let v: Value = serde_json::from_str(&b).unwrap();
+            assert_eq!(v["object"], "chat.completion");
+            assert_eq!(content_of(&v), expected);
+        }
+        assert_eq!(app.calls(), 1);
     }
-    for (s, o, b) in collect(plain_followers).await {
-        assert_eq!((s, o.as_str()), (200, "follower"));
-        let v: Value = serde_json::from_str(&b).unwrap();
-        assert_eq!(v["object"], "chat.completion");
-        assert_eq!(content_of(&v), expected);
-    }
-    assert_eq!(app.calls(), 1);
 }
 
 #[tokio::test]

@@ -718,3 +718,29 @@ impl Drop for Proc {
         let _ = self.child.start_kill();
     }
 }
+
+/// A test that runs once for each wire format the mock's providers speak:
+/// `mod <name> { fn openai(); fn anthropic() }`, each calling the body with
+/// its `ProviderKind`, which the body gives its spec's providers. The same
+/// body, so that every guarantee it checks holds whatever kind answers.
+macro_rules! each_kind {
+    ($(#[$attr:meta])* async fn $name:ident($kind:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            async fn run($kind: idem::config::ProviderKind) $body
+
+            $(#[$attr])*
+            async fn openai() {
+                run(idem::config::ProviderKind::Openai).await
+            }
+
+            $(#[$attr])*
+            async fn anthropic() {
+                run(idem::config::ProviderKind::Anthropic).await
+            }
+        }
+    };
+}
+pub(crate) use each_kind;

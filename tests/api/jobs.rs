@@ -114,9 +114,15 @@ async fn double_click(spec: Spec) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn double_click_makes_one_job_and_one_call_on_sqlite() {
-    double_click(holding()).await;
+each_kind! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn double_click_makes_one_job_and_one_call_on_sqlite(kind) {
+        double_click(Spec {
+            primary_kind: kind,
+            ..holding()
+        })
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -196,121 +202,128 @@ async fn keys_are_required_and_checked() {
     assert_error(r, 404, "model_not_found").await;
 }
 
-#[tokio::test]
-async fn a_timeout_is_unknown_blocks_retries_until_resolved() {
-    let app = TestApp::with(Spec {
-        primary: Behaviour {
-            hang: true,
-            ..Behaviour::default()
-        },
-        provider_timeout: "3s".into(),
-        attempts: "timeout = \"500ms\"\nmax = 3\n".into(),
-        ..Spec::default()
-    })
-    .await;
-    let r = create(&app, ACME, "slow-1", &job_request("will hang")).await;
-    let id = r.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let j = job_until(&app, ACME, &id, |j| j["attempts"][0]["state"] == "unknown").await;
-    assert_eq!(j["attempts"][0]["reason"], "timeout");
-    assert_eq!(
-        j["state"], "running",
-        "an unknown attempt must hold the job"
-    );
-    // No automatic retry: give the executor every chance (the reconciler
-    // has looked at the job twice since, the workers have polled), then
-    // count.
-    reconciled(&app, 2).await;
-    let j = job(&app, ACME, &id).await;
-    assert_eq!(
-        j["attempts"].as_array().unwrap().len(),
-        1,
-        "an unknown attempt was retried: {j}"
-    );
-    assert_eq!(app.calls(), 1);
-    // A manual retry is refused while the attempt is unknown.
-    let r = app
-        .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
+each_kind! {
+    #[tokio::test]
+    async fn a_timeout_is_unknown_blocks_retries_until_resolved(kind) {
+        let app = TestApp::with(Spec {
+            primary: Behaviour {
+                hang: true,
+                ..Behaviour::default()
+            },
+            provider_timeout: "3s".into(),
+            attempts: "timeout = \"500ms\"\nmax = 3\n".into(),
+            primary_kind: kind,
+            ..Spec::default()
+        })
         .await;
-    assert_error(r, 409, "attempt_in_progress").await;
-    // Only an admin may resolve.
-    let resolve = format!("/v1/jobs/{id}/attempts/1/resolve");
-    let r = app
-        .post_json(ACME, &resolve, &json!({"outcome": "failed"}), &[])
-        .await;
-    assert_error(r, 403, "admin_key_required").await;
-    let r = app
-        .post_json(ADMIN, &resolve, &json!({"outcome": "failed"}), &[])
-        .await;
-    assert_eq!(r.status(), 200);
-    let j: Value = r.json().await.unwrap();
-    assert_eq!(j["attempts"][0]["state"], "failed");
-    assert_eq!(j["state"], "failed");
-    // Now a retry is allowed and succeeds.
-    app.mock.set_behaviour(Behaviour::default());
-    let r = app
-        .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
-        .await;
-    assert_eq!(r.status(), 202);
-    let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
-    assert_eq!(j["completed_by"], 2);
-    assert_eq!(j["attempts"][1]["state"], "succeeded");
-    assert_eq!(app.calls(), 2);
+        let r = create(&app, ACME, "slow-1", &job_request("will hang")).await;
+        let id = r.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let j = job_until(&app, ACME, &id, |j| j["attempts"][0]["state"] == "unknown").await;
+        assert_eq!(j["attempts"][0]["reason"], "timeout");
+        assert_eq!(
+            j["state"], "running",
+            "an unknown attempt must hold the job"
+        );
+        // No automatic retry: give the executor every chance (the reconciler
+        // has looked at the job twice since, the workers have polled), then
+        // count.
+        reconciled(&app, 2).await;
+        let j = job(&app, ACME, &id).await;
+        assert_eq!(
+            j["attempts"].as_array().unwrap().len(),
+            1,
+            "an unknown attempt was retried: {j}"
+        );
+        assert_eq!(app.calls(), 1);
+        // A manual retry is refused while the attempt is unknown.
+        let r = app
+            .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
+            .await;
+        assert_error(r, 409, "attempt_in_progress").await;
+        // Only an admin may resolve.
+        let resolve = format!("/v1/jobs/{id}/attempts/1/resolve");
+        let r = app
+            .post_json(ACME, &resolve, &json!({"outcome": "failed"}), &[])
+            .await;
+        assert_error(r, 403, "admin_key_required").await;
+        let r = app
+            .post_json(ADMIN, &resolve, &json!({"outcome": "failed"}), &[])
+            .await;
+        assert_eq!(r.status(), 200);
+        let j: Value = r.json().await.unwrap();
+        assert_eq!(j["attempts"][0]["state"], "failed");
+        assert_eq!(j["state"], "failed");
+        // Now a retry is allowed and succeeds.
+        app.mock.set_behaviour(Behaviour::default());
+        let r = app
+            .post_json(ACME, &format!("/v1/jobs/{id}/attempts"), &json!({}), &[])
+            .await;
+        assert_eq!(r.status(), 202);
+        let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
+        assert_eq!(j["completed_by"], 2);
+        assert_eq!(j["attempts"][1]["state"], "succeeded");
+        assert_eq!(app.calls(), 2);
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn reverse_order_finish_the_second_to_return_loses() {
-    let app = TestApp::with(Spec {
-        primary: Behaviour {
-            hold: true,
-            ..Behaviour::default()
-        },
-        fallback: Some(Behaviour {
-            hold: true,
-            ..Behaviour::default()
-        }),
-        attempts: "hedge_after = \"100ms\"\n".into(),
-        ..Spec::default()
-    })
-    .await;
-    let fallback = app.fallback.as_ref().unwrap();
-    let r = create(&app, ACME, "race-1", &job_request("who wins")).await;
-    let id = r.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    // Attempt A (primary) started first and is held; the hedge B follows.
-    let a = held(&app.mock, 1).await;
-    let b = held(fallback, 1).await;
-    // B returns first and wins.
-    release_with(fallback, json!({"seq": b[0], "content": "ANSWER-FROM-B"})).await;
-    let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
-    assert_eq!(j["completed_by"], 2);
-    let version = j["version"].clone();
-    // A returns last and loses.
-    release_with(&app.mock, json!({"seq": a[0], "content": "ANSWER-FROM-A"})).await;
-    let j = job_until(&app, ACME, &id, |j| {
-        j["attempts"][0]["state"] == "discarded"
-    })
-    .await;
-    assert_eq!(j["attempts"][1]["state"], "succeeded");
-    assert_eq!(j["attempts"][1]["hedge"], true);
-    assert_eq!(j["completed_by"], 2);
-    assert_eq!(j["version"], version, "the loser changed the job");
-    assert_eq!(content_of(&j["result"]), "ANSWER-FROM-B");
-    assert!(
-        !j.to_string().contains("ANSWER-FROM-A"),
-        "the loser's payload leaked into the job"
-    );
-    let (_, list) = app.get_json(ACME, "/v1/jobs").await;
-    assert!(!list.to_string().contains("ANSWER-FROM-A"));
-    let metrics = app.metrics().await;
-    assert!(
-        metrics.contains("idem_attempt_races_total{route=\"bot\"} 1"),
-        "{metrics}"
-    );
+each_kind! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn reverse_order_finish_the_second_to_return_loses(kind) {
+        let app = TestApp::with(Spec {
+            primary: Behaviour {
+                hold: true,
+                ..Behaviour::default()
+            },
+            fallback: Some(Behaviour {
+                hold: true,
+                ..Behaviour::default()
+            }),
+            attempts: "hedge_after = \"100ms\"\n".into(),
+            primary_kind: kind,
+            fallback_kind: kind,
+            ..Spec::default()
+        })
+        .await;
+        let fallback = app.fallback.as_ref().unwrap();
+        let r = create(&app, ACME, "race-1", &job_request("who wins")).await;
+        let id = r.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        // Attempt A (primary) started first and is held; the hedge B follows.
+        let a = held(&app.mock, 1).await;
+        let b = held(fallback, 1).await;
+        // B returns first and wins.
+        release_with(fallback, json!({"seq": b[0], "content": "ANSWER-FROM-B"})).await;
+        let j = job_until(&app, ACME, &id, state_is("succeeded")).await;
+        assert_eq!(j["completed_by"], 2);
+        let version = j["version"].clone();
+        // A returns last and loses.
+        release_with(&app.mock, json!({"seq": a[0], "content": "ANSWER-FROM-A"})).await;
+        let j = job_until(&app, ACME, &id, |j| {
+            j["attempts"][0]["state"] == "discarded"
+        })
+        .await;
+        assert_eq!(j["attempts"][1]["state"], "succeeded");
+        assert_eq!(j["attempts"][1]["hedge"], true);
+        assert_eq!(j["completed_by"], 2);
+        assert_eq!(j["version"], version, "the loser changed the job");
+        assert_eq!(content_of(&j["result"]), "ANSWER-FROM-B");
+        assert!(
+            !j.to_string().contains("ANSWER-FROM-A"),
+            "the loser's payload leaked into the job"
+        );
+        let (_, list) = app.get_json(ACME, "/v1/jobs").await;
+        assert!(!list.to_string().contains("ANSWER-FROM-A"));
+        let metrics = app.metrics().await;
+        assert!(
+            metrics.contains("idem_attempt_races_total{route=\"bot\"} 1"),
+            "{metrics}"
+        );
+    }
 }
 
 #[tokio::test]
