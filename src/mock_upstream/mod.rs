@@ -4,7 +4,9 @@
 //! It answers `POST /v1/chat/completions` (plain JSON or SSE) with a
 //! deterministic answer that names the call number, and `POST /v1/embeddings`
 //! with vectors that depend only on each item and the dimensions (see
-//! [`embedding_of`]). Both go through the same behaviour: it can be told, by CLI
+//! [`embedding_of`]); the same under Azure OpenAI's URLs
+//! (`/openai/deployments/{deployment}/...?api-version=V`, with an `api-key`).
+//! All go through the same behaviour: it can be told, by CLI
 //! flags at start or by the `/_mock` control API at run time, to be slow, to
 //! fail with a chosen status, to drop connections, to answer 200 with
 //! garbage or with a padded (large) answer, or to hold requests until a test
@@ -21,6 +23,8 @@ mod routes;
 mod state;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_azure;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -200,9 +204,9 @@ impl MockArgs {
 /// What the mock has seen, as `GET /_mock/stats` returns it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
-    /// Requests to the OpenAI endpoints (chat completions and embeddings)
-    /// that arrived (counted on arrival, before any hold, latency or failure;
-    /// invalid bodies included).
+    /// Requests to the provider endpoints (OpenAI's and Azure's chat
+    /// completions and embeddings) that arrived (counted on arrival, before any hold, latency or failure;
+    /// invalid bodies and refused credentials included).
     pub calls: u64,
     /// The embeddings requests among `calls`.
     #[serde(default)]
@@ -238,6 +242,24 @@ pub struct RecordedRequest {
     pub body: Value,
     /// The `Authorization` header, if any.
     pub authorization: Option<String>,
+    /// The `x-api-key` header (Anthropic's), if any.
+    #[serde(default)]
+    pub x_api_key: Option<String>,
+    /// The `api-key` header (Azure's), if any.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// The `anthropic-version` header, if any.
+    #[serde(default)]
+    pub anthropic_version: Option<String>,
+    /// The `anthropic-beta` header, if any.
+    #[serde(default)]
+    pub anthropic_beta: Option<String>,
+    /// The deployment named by the URL, on the Azure routes.
+    #[serde(default)]
+    pub deployment: Option<String>,
+    /// The `api-version` query, on the Azure routes (none if it was missing).
+    #[serde(default)]
+    pub api_version: Option<String>,
     /// Whether the request asked for `"stream": true`.
     pub stream: bool,
 }
@@ -277,14 +299,16 @@ pub struct CallRecord {
     pub status: Option<u16>,
 }
 
-/// The OpenAI endpoint a call was sent to.
+/// The endpoint a call was sent to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Endpoint {
-    /// `POST /v1/chat/completions`.
+    /// `POST /v1/chat/completions`, or Azure's
+    /// `POST /openai/deployments/{deployment}/chat/completions`.
     #[default]
     ChatCompletions,
-    /// `POST /v1/embeddings`.
+    /// `POST /v1/embeddings`, or Azure's
+    /// `POST /openai/deployments/{deployment}/embeddings`.
     Embeddings,
 }
 

@@ -1,13 +1,15 @@
-//! The mock's HTTP surface: the OpenAI-compatible endpoints and the `/_mock`
-//! control API that tests use to observe and steer it.
+//! The mock's HTTP surface: the OpenAI-compatible endpoints, their Azure
+//! OpenAI twins, and the `/_mock` control API that tests use to observe and
+//! steer it.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -18,7 +20,7 @@ use serde_json::{Value, json};
 
 use super::answer::{Garbled, error_body, garbage, plain_body, stream_frames};
 use super::embeddings::{self, EmbeddingsRequest, answer_body};
-use super::state::{Arrival, InFlight, Outcome, Release, Shared};
+use super::state::{Arrival, InFlight, Incoming, Outcome, Release, Sent, Shared};
 use super::{Behaviour, Endpoint};
 
 /// Request bodies up to this size are accepted (above the gateway's own
@@ -34,6 +36,14 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/chat/completions", post(chat))
         .route("/v1/embeddings", post(embeddings))
         .route("/embeddings", post(embeddings))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(azure_chat),
+        )
+        .route(
+            "/openai/deployments/{deployment}/embeddings",
+            post(azure_embeddings),
+        )
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/_mock/stats", get(stats))
@@ -50,23 +60,97 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+/// The parts of an Azure OpenAI URL.
+struct Azure {
+    deployment: String,
+    /// The `api-version` query; none when missing or empty.
+    api_version: Option<String>,
+}
+
+impl Azure {
+    fn of(deployment: String, query: &HashMap<String, String>) -> Azure {
+        Azure {
+            deployment,
+            api_version: query.get("api-version").filter(|v| !v.is_empty()).cloned(),
+        }
+    }
+
+    /// Why Azure would refuse a request that carried `sent`: a missing
+    /// `api-version` is a 404, a missing `api-key` a 401.
+    fn refusal(&self, sent: &Sent) -> Option<Response> {
+        if self.api_version.is_none() {
+            return Some(azure_error(404, "Resource not found"));
+        }
+        if sent.api_key.as_deref().is_none_or(str::is_empty) {
+            return Some(azure_error(
+                401,
+                "Access denied due to invalid subscription key or wrong API endpoint. \
+                 Make sure to provide a valid key for an active subscription and use a \
+                 correct regional API endpoint for your resource.",
+            ));
+        }
+        None
+    }
+
+    /// `request` with the deployment as its `model`, as Azure answers.
+    fn request(&self, request: &Arc<Value>) -> Arc<Value> {
+        let mut request = Value::clone(request);
+        if let Some(object) = request.as_object_mut() {
+            object.insert("model".into(), json!(self.deployment));
+        }
+        Arc::new(request)
+    }
+}
+
 /// `POST /v1/chat/completions`: count and record, then hold, wait, fail,
 /// reset or answer as the behaviour says.
 async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    chat_answer(shared, &headers, &body, None).await
+}
+
+/// `POST /openai/deployments/{deployment}/chat/completions?api-version=V`:
+/// the same, after Azure's checks, with the deployment as the model.
+async fn azure_chat(
+    State(shared): State<Arc<Shared>>,
+    Path(deployment): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let azure = Azure::of(deployment, &query);
+    chat_answer(shared, &headers, &body, Some(azure)).await
+}
+
+async fn chat_answer(
+    shared: Arc<Shared>,
+    headers: &HeaderMap,
+    body: &[u8],
+    azure: Option<Azure>,
+) -> Response {
     let in_flight = shared.in_flight();
-    let (request, valid) = request_of(&body);
+    let (request, valid) = request_of(body);
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-    let arrival = shared.arrive(
-        Endpoint::ChatCompletions,
-        Arc::clone(&request),
-        authorization(&headers),
+    let sent = sent_of(headers, azure.as_ref());
+    let refusal = azure.as_ref().and_then(|azure| azure.refusal(&sent));
+    let arrival = shared.arrive(Incoming {
+        endpoint: Endpoint::ChatCompletions,
+        body: Arc::clone(&request),
+        sent,
         stream,
-        0,
-    );
+        items: 0,
+    });
+    if let Some(refused) = refusal {
+        shared.count(&arrival, Outcome::Failed(refused.status().as_u16()));
+        return refused;
+    }
     if !valid {
         shared.count(&arrival, Outcome::Failed(400));
         return error(400, NOT_AN_OBJECT, None);
     }
+    let request = match &azure {
+        Some(azure) => azure.request(&request),
+        None => request,
+    };
     let (behaviour, release) = match gate(&shared, &arrival).await {
         Ok(go) => go,
         Err(refused) => return refused,
@@ -104,20 +188,52 @@ async fn embeddings(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    embeddings_answer(shared, &headers, &body, None).await
+}
+
+/// `POST /openai/deployments/{deployment}/embeddings?api-version=V`: the
+/// same, after Azure's checks, with the deployment as the model.
+async fn azure_embeddings(
+    State(shared): State<Arc<Shared>>,
+    Path(deployment): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let azure = Azure::of(deployment, &query);
+    embeddings_answer(shared, &headers, &body, Some(azure)).await
+}
+
+async fn embeddings_answer(
+    shared: Arc<Shared>,
+    headers: &HeaderMap,
+    body: &[u8],
+    azure: Option<Azure>,
+) -> Response {
     let in_flight = shared.in_flight();
-    let (request, valid) = request_of(&body);
-    let parsed = valid.then(|| EmbeddingsRequest::parse(&request));
-    let items = match &parsed {
-        Some(Ok(parsed)) => parsed.items.len() as u64,
+    let (request, valid) = request_of(body);
+    let sent = sent_of(headers, azure.as_ref());
+    let refusal = azure.as_ref().and_then(|azure| azure.refusal(&sent));
+    let answered = match &azure {
+        Some(azure) => azure.request(&request),
+        None => Arc::clone(&request),
+    };
+    let parsed = valid.then(|| EmbeddingsRequest::parse(&answered));
+    let items = match (&parsed, &refusal) {
+        (Some(Ok(parsed)), None) => parsed.items.len() as u64,
         _ => 0,
     };
-    let arrival = shared.arrive(
-        Endpoint::Embeddings,
-        Arc::clone(&request),
-        authorization(&headers),
-        false,
+    let arrival = shared.arrive(Incoming {
+        endpoint: Endpoint::Embeddings,
+        body: request,
+        sent,
+        stream: false,
         items,
-    );
+    });
+    if let Some(refused) = refusal {
+        shared.count(&arrival, Outcome::Failed(refused.status().as_u16()));
+        return refused;
+    }
     let parsed = match parsed {
         Some(Ok(parsed)) => parsed,
         Some(Err(invalid)) => {
@@ -150,6 +266,13 @@ async fn embeddings(
     json_text(body)
 }
 
+/// Azure's error body: `{"error": {"code": "<status>", "message"}}`.
+fn azure_error(status: u16, message: &str) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = json!({"error": {"code": code.as_u16().to_string(), "message": message}});
+    json_response(code, &body)
+}
+
 const NOT_AN_OBJECT: &str = "mock: the body is not a JSON object";
 
 /// The request as JSON (a JSON string holding the raw text if it is not
@@ -162,10 +285,22 @@ fn request_of(body: &[u8]) -> (Arc<Value>, bool) {
     (Arc::new(request), valid)
 }
 
-fn authorization(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get(AUTHORIZATION)
-        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+/// The headers of interest of a request, and the parts of its Azure URL.
+fn sent_of(headers: &HeaderMap, azure: Option<&Azure>) -> Sent {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+    };
+    Sent {
+        authorization: header(AUTHORIZATION.as_str()),
+        x_api_key: header("x-api-key"),
+        api_key: header("api-key"),
+        anthropic_version: header("anthropic-version"),
+        anthropic_beta: header("anthropic-beta"),
+        deployment: azure.map(|azure| azure.deployment.clone()),
+        api_version: azure.and_then(|azure| azure.api_version.clone()),
+    }
 }
 
 /// What every call goes through between its arrival and its answer: the
