@@ -180,6 +180,7 @@ impl Shared {
         let prompt = match endpoint {
             Endpoint::ChatCompletions => super::answer::echoed(&body),
             Endpoint::Embeddings => super::embeddings::echoed(&body),
+            Endpoint::Messages | Endpoint::CountTokens => super::anthropic::echoed(&body),
         };
         let mut call = CallRecord {
             seq: 0,
