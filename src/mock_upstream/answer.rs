@@ -100,10 +100,7 @@ pub fn completion_chunks(request: &Value, seq: u64, content: Option<&str>) -> Ve
 const PAD_WORD_BYTES: usize = 1024;
 
 /// The content text (from `content`, or the generated one) grown with
-/// padding until `size_of` it is at least `pad` bytes. Whole words first,
-/// never more than half the missing bytes' worth (a streamed word also
-/// costs its chunk's frame), then single characters for the rest; only
-/// the usage's digits can make the result a few bytes longer than asked.
+/// padding until `size_of` it is at least `pad` bytes (see [`grown`]).
 fn padded_text(
     request: &Value,
     seq: u64,
@@ -111,10 +108,23 @@ fn padded_text(
     pad: u64,
     size_of: impl Fn(&str) -> usize,
 ) -> String {
-    let target = usize::try_from(pad).unwrap_or(usize::MAX);
     let answer = Answer::new(request, seq, content);
-    let choices = answer.choices as usize;
-    let mut text = answer.content;
+    grown(answer.content, answer.choices as usize, pad, size_of)
+}
+
+/// `text` grown with padding until `size_of` it is at least `pad` bytes;
+/// the body holds it `copies` times (once per choice). Whole words first,
+/// never more than half the missing bytes' worth (a streamed word also
+/// costs its chunk's frame), then single characters for the rest; only
+/// the usage's digits can make the result a few bytes longer than asked.
+pub(crate) fn grown(
+    mut text: String,
+    copies: usize,
+    pad: u64,
+    size_of: impl Fn(&str) -> usize,
+) -> String {
+    let target = usize::try_from(pad).unwrap_or(usize::MAX);
+    let choices = copies.max(1);
     let word: String = std::iter::once(' ')
         .chain(std::iter::repeat_n('x', PAD_WORD_BYTES - 1))
         .collect();
@@ -176,7 +186,7 @@ pub(crate) fn stream_frames(
 }
 
 /// The body of [`html_page`].
-const HTML: &str = "<html><head><title>502 Bad Gateway</title></head>\
+pub(crate) const HTML: &str = "<html><head><title>502 Bad Gateway</title></head>\
                     <body><h1>502 Bad Gateway</h1></body></html>";
 
 /// A 200 answer that is not a well-formed answer.

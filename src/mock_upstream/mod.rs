@@ -4,7 +4,11 @@
 //! It answers `POST /v1/chat/completions` (plain JSON or SSE) with a
 //! deterministic answer that names the call number, and `POST /v1/embeddings`
 //! with vectors that depend only on each item and the dimensions (see
-//! [`embedding_of`]). Both go through the same behaviour: it can be told, by CLI
+//! [`embedding_of`]); the same under Azure OpenAI's URLs
+//! (`/openai/deployments/{deployment}/...?api-version=V`, with an `api-key`);
+//! and Anthropic's `POST /v1/messages` (plain or SSE, text, tool calls and
+//! stop reasons) and `POST /v1/messages/count_tokens`, in Anthropic's
+//! shapes. All go through the same behaviour: it can be told, by CLI
 //! flags at start or by the `/_mock` control API at run time, to be slow, to
 //! fail with a chosen status, to drop connections, to answer 200 with
 //! garbage or with a padded (large) answer, or to hold requests until a test
@@ -12,15 +16,21 @@
 //! on arrival, so a test can assert how many upstream calls the gateway made.
 //!
 //! `answer` builds the chat answers (also used by idem's in-process provider
-//! of kind "mock"), `embeddings` the embeddings, `state` keeps counters and
-//! held requests, `routes` is the HTTP surface.
+//! of kind "mock"), `embeddings` the embeddings, `anthropic` the Anthropic
+//! face's validation and answers, `state` keeps counters and held requests,
+//! `routes` is the HTTP surface.
 
 mod answer;
+mod anthropic;
 mod embeddings;
 mod routes;
 mod state;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_anthropic;
+#[cfg(test)]
+mod tests_azure;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,7 +57,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// probability `reset_rate`; fail with `fail_status`; else answer (with
 /// `garbage` instead of a chat completion when set, padded to `pad_bytes`
 /// when set). Embeddings go through the same steps; `content`, `pad_bytes`
-/// and `chunk_delay_ms` do not apply to them.
+/// and `chunk_delay_ms` do not apply to them. Anthropic's messages go
+/// through them too, failing and garbling in Anthropic's shapes; token
+/// counts too, but `garbage`, `content`, `pad_bytes` and `chunk_delay_ms`
+/// do not apply to them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Behaviour {
@@ -61,7 +74,8 @@ pub struct Behaviour {
     pub stall_rate: f64,
     /// How long a stalled call stalls.
     pub stall_ms: u64,
-    /// Answer with this status and an OpenAI error body ...
+    /// Answer with this status and an error body (OpenAI's, or Anthropic's
+    /// on its endpoints) ...
     pub fail_status: Option<u16>,
     /// ... with this probability (0..=1); 0 with `fail_status` set means always.
     pub fail_rate: f64,
@@ -86,7 +100,9 @@ pub struct Behaviour {
 }
 
 /// A 200 answer that is not a well-formed chat completion, as a broken
-/// provider or an intermediary in front of it sends one. For embeddings
+/// provider or an intermediary in front of it sends one (Anthropic's
+/// messages have a form of each kind of their own: see the `anthropic`
+/// module's `garbage`). For embeddings
 /// (which do not stream): `not_json`, `truncated`, `empty` and
 /// `error_object` alike, `stream_error` like `error_object`,
 /// `empty_choices` a list with `data: []`, `stream_without_done` and
@@ -143,7 +159,8 @@ pub struct MockArgs {
     /// How long a stalled call stalls, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub stall_ms: u64,
-    /// Answer with this HTTP status and an OpenAI error body.
+    /// Answer with this HTTP status and an error body (OpenAI's, or
+    /// Anthropic's on its endpoints).
     #[arg(long)]
     pub fail_status: Option<u16>,
     /// Probability of answering `--fail-status` (0 means always when it is set).
@@ -200,9 +217,10 @@ impl MockArgs {
 /// What the mock has seen, as `GET /_mock/stats` returns it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
-    /// Requests to the OpenAI endpoints (chat completions and embeddings)
+    /// Requests to the provider endpoints (OpenAI's and Azure's chat
+    /// completions and embeddings, Anthropic's messages and token counts)
     /// that arrived (counted on arrival, before any hold, latency or failure;
-    /// invalid bodies included).
+    /// invalid bodies and refused credentials included).
     pub calls: u64,
     /// The embeddings requests among `calls`.
     #[serde(default)]
@@ -238,6 +256,24 @@ pub struct RecordedRequest {
     pub body: Value,
     /// The `Authorization` header, if any.
     pub authorization: Option<String>,
+    /// The `x-api-key` header (Anthropic's), if any.
+    #[serde(default)]
+    pub x_api_key: Option<String>,
+    /// The `api-key` header (Azure's), if any.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// The `anthropic-version` header, if any.
+    #[serde(default)]
+    pub anthropic_version: Option<String>,
+    /// The `anthropic-beta` header, if any.
+    #[serde(default)]
+    pub anthropic_beta: Option<String>,
+    /// The deployment named by the URL, on the Azure routes.
+    #[serde(default)]
+    pub deployment: Option<String>,
+    /// The `api-version` query, on the Azure routes (none if it was missing).
+    #[serde(default)]
+    pub api_version: Option<String>,
     /// Whether the request asked for `"stream": true`.
     pub stream: bool,
 }
@@ -277,15 +313,21 @@ pub struct CallRecord {
     pub status: Option<u16>,
 }
 
-/// The OpenAI endpoint a call was sent to.
+/// The endpoint a call was sent to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Endpoint {
-    /// `POST /v1/chat/completions`.
+    /// `POST /v1/chat/completions`, or Azure's
+    /// `POST /openai/deployments/{deployment}/chat/completions`.
     #[default]
     ChatCompletions,
-    /// `POST /v1/embeddings`.
+    /// `POST /v1/embeddings`, or Azure's
+    /// `POST /openai/deployments/{deployment}/embeddings`.
     Embeddings,
+    /// Anthropic's `POST /v1/messages`.
+    Messages,
+    /// Anthropic's `POST /v1/messages/count_tokens`.
+    CountTokens,
 }
 
 /// How a logged call ended.

@@ -1,13 +1,15 @@
-//! The mock's HTTP surface: the OpenAI-compatible endpoints and the `/_mock`
-//! control API that tests use to observe and steer it.
+//! The mock's HTTP surface: the OpenAI-compatible endpoints, their Azure
+//! OpenAI twins, Anthropic's messages endpoints, and the `/_mock` control
+//! API that tests use to observe and steer it.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -17,8 +19,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::answer::{Garbled, error_body, garbage, plain_body, stream_frames};
+use super::anthropic::{self, Reply};
 use super::embeddings::{self, EmbeddingsRequest, answer_body};
-use super::state::{Arrival, InFlight, Outcome, Release, Shared};
+use super::state::{Arrival, InFlight, Incoming, Outcome, Release, Sent, Shared};
 use super::{Behaviour, Endpoint};
 
 /// Request bodies up to this size are accepted (above the gateway's own
@@ -34,6 +37,16 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/chat/completions", post(chat))
         .route("/v1/embeddings", post(embeddings))
         .route("/embeddings", post(embeddings))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(azure_chat),
+        )
+        .route(
+            "/openai/deployments/{deployment}/embeddings",
+            post(azure_embeddings),
+        )
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/_mock/stats", get(stats))
@@ -50,24 +63,98 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+/// The parts of an Azure OpenAI URL.
+struct Azure {
+    deployment: String,
+    /// The `api-version` query; none when missing or empty.
+    api_version: Option<String>,
+}
+
+impl Azure {
+    fn of(deployment: String, query: &HashMap<String, String>) -> Azure {
+        Azure {
+            deployment,
+            api_version: query.get("api-version").filter(|v| !v.is_empty()).cloned(),
+        }
+    }
+
+    /// Why Azure would refuse a request that carried `sent`: a missing
+    /// `api-version` is a 404, a missing `api-key` a 401.
+    fn refusal(&self, sent: &Sent) -> Option<Response> {
+        if self.api_version.is_none() {
+            return Some(azure_error(404, "Resource not found"));
+        }
+        if sent.api_key.as_deref().is_none_or(str::is_empty) {
+            return Some(azure_error(
+                401,
+                "Access denied due to invalid subscription key or wrong API endpoint. \
+                 Make sure to provide a valid key for an active subscription and use a \
+                 correct regional API endpoint for your resource.",
+            ));
+        }
+        None
+    }
+
+    /// `request` with the deployment as its `model`, as Azure answers.
+    fn request(&self, request: &Arc<Value>) -> Arc<Value> {
+        let mut request = Value::clone(request);
+        if let Some(object) = request.as_object_mut() {
+            object.insert("model".into(), json!(self.deployment));
+        }
+        Arc::new(request)
+    }
+}
+
 /// `POST /v1/chat/completions`: count and record, then hold, wait, fail,
 /// reset or answer as the behaviour says.
 async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    chat_answer(shared, &headers, &body, None).await
+}
+
+/// `POST /openai/deployments/{deployment}/chat/completions?api-version=V`:
+/// the same, after Azure's checks, with the deployment as the model.
+async fn azure_chat(
+    State(shared): State<Arc<Shared>>,
+    Path(deployment): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let azure = Azure::of(deployment, &query);
+    chat_answer(shared, &headers, &body, Some(azure)).await
+}
+
+async fn chat_answer(
+    shared: Arc<Shared>,
+    headers: &HeaderMap,
+    body: &[u8],
+    azure: Option<Azure>,
+) -> Response {
     let in_flight = shared.in_flight();
-    let (request, valid) = request_of(&body);
+    let (request, valid) = request_of(body);
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-    let arrival = shared.arrive(
-        Endpoint::ChatCompletions,
-        Arc::clone(&request),
-        authorization(&headers),
+    let sent = sent_of(headers, azure.as_ref());
+    let refusal = azure.as_ref().and_then(|azure| azure.refusal(&sent));
+    let arrival = shared.arrive(Incoming {
+        endpoint: Endpoint::ChatCompletions,
+        body: Arc::clone(&request),
+        sent,
         stream,
-        0,
-    );
+        items: 0,
+    });
+    if let Some(refused) = refusal {
+        shared.count(&arrival, Outcome::Failed(refused.status().as_u16()));
+        return refused;
+    }
     if !valid {
         shared.count(&arrival, Outcome::Failed(400));
         return error(400, NOT_AN_OBJECT, None);
     }
-    let (behaviour, release) = match gate(&shared, &arrival).await {
+    let request = match &azure {
+        Some(azure) => azure.request(&request),
+        None => request,
+    };
+    let (behaviour, release) = match gate(&shared, &arrival, Face::OpenAi).await {
         Ok(go) => go,
         Err(refused) => return refused,
     };
@@ -104,20 +191,52 @@ async fn embeddings(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    embeddings_answer(shared, &headers, &body, None).await
+}
+
+/// `POST /openai/deployments/{deployment}/embeddings?api-version=V`: the
+/// same, after Azure's checks, with the deployment as the model.
+async fn azure_embeddings(
+    State(shared): State<Arc<Shared>>,
+    Path(deployment): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let azure = Azure::of(deployment, &query);
+    embeddings_answer(shared, &headers, &body, Some(azure)).await
+}
+
+async fn embeddings_answer(
+    shared: Arc<Shared>,
+    headers: &HeaderMap,
+    body: &[u8],
+    azure: Option<Azure>,
+) -> Response {
     let in_flight = shared.in_flight();
-    let (request, valid) = request_of(&body);
-    let parsed = valid.then(|| EmbeddingsRequest::parse(&request));
-    let items = match &parsed {
-        Some(Ok(parsed)) => parsed.items.len() as u64,
+    let (request, valid) = request_of(body);
+    let sent = sent_of(headers, azure.as_ref());
+    let refusal = azure.as_ref().and_then(|azure| azure.refusal(&sent));
+    let answered = match &azure {
+        Some(azure) => azure.request(&request),
+        None => Arc::clone(&request),
+    };
+    let parsed = valid.then(|| EmbeddingsRequest::parse(&answered));
+    let items = match (&parsed, &refusal) {
+        (Some(Ok(parsed)), None) => parsed.items.len() as u64,
         _ => 0,
     };
-    let arrival = shared.arrive(
-        Endpoint::Embeddings,
-        Arc::clone(&request),
-        authorization(&headers),
-        false,
+    let arrival = shared.arrive(Incoming {
+        endpoint: Endpoint::Embeddings,
+        body: request,
+        sent,
+        stream: false,
         items,
-    );
+    });
+    if let Some(refused) = refusal {
+        shared.count(&arrival, Outcome::Failed(refused.status().as_u16()));
+        return refused;
+    }
     let parsed = match parsed {
         Some(Ok(parsed)) => parsed,
         Some(Err(invalid)) => {
@@ -129,7 +248,7 @@ async fn embeddings(
             return error(400, NOT_AN_OBJECT, None);
         }
     };
-    let (behaviour, _release) = match gate(&shared, &arrival).await {
+    let (behaviour, _release) = match gate(&shared, &arrival, Face::OpenAi).await {
         Ok(go) => go,
         Err(refused) => return refused,
     };
@@ -150,6 +269,158 @@ async fn embeddings(
     json_text(body)
 }
 
+/// `POST /v1/messages` (Anthropic): count and record, refuse a request
+/// without credentials (401) or that Anthropic would refuse (400) at once,
+/// then hold, wait, fail, reset or answer as the behaviour says, in
+/// Anthropic's shapes. Every answer has a `request-id` header.
+async fn messages(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let in_flight = shared.in_flight();
+    let (request, _) = request_of(&body);
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    let (arrival, refused) = anthropic_arrival(
+        &shared,
+        &headers,
+        &request,
+        anthropic::Kind::Messages,
+        stream,
+    );
+    if let Some(refused) = refused {
+        return refused;
+    }
+    let seq = arrival.seq;
+    let (behaviour, release) = match gate(&shared, &arrival, Face::Anthropic).await {
+        Ok(go) => go,
+        Err(refused) => return refused,
+    };
+
+    let content = release.content.as_deref().or(behaviour.content.as_deref());
+    let reply = Reply::new(&request, seq, content);
+    shared.count(
+        &arrival,
+        match (behaviour.garbage, behaviour.pad_bytes) {
+            (Some(_), _) => Outcome::Garbage,
+            (None, Some(_)) if reply.paddable() => Outcome::Padded,
+            _ => Outcome::Completed,
+        },
+    );
+    let delay = Duration::from_millis(behaviour.chunk_delay_ms);
+    let response = if let Some(kind) = behaviour.garbage {
+        let garbled = anthropic::garbage(kind, &reply, stream);
+        garbled_response(shared, garbled, delay, in_flight)
+    } else if stream {
+        let frames = anthropic::stream_frames(&reply, behaviour.pad_bytes);
+        event_stream(shared, frames, delay, in_flight)
+    } else {
+        json_text(anthropic::plain_body(&reply, behaviour.pad_bytes))
+    };
+    with_request_id(response, seq)
+}
+
+/// `POST /v1/messages/count_tokens` (Anthropic): `{"input_tokens": N}`, N
+/// as in a messages answer's usage. Counted, logged, held, delayed, failed
+/// and reset like a messages call; `garbage`, `content`, `pad_bytes` and
+/// `chunk_delay_ms` do not apply.
+async fn count_tokens(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let _in_flight = shared.in_flight();
+    let (request, _) = request_of(&body);
+    let (arrival, refused) = anthropic_arrival(
+        &shared,
+        &headers,
+        &request,
+        anthropic::Kind::CountTokens,
+        false,
+    );
+    if let Some(refused) = refused {
+        return refused;
+    }
+    if let Err(refused) = gate(&shared, &arrival, Face::Anthropic).await {
+        return refused;
+    }
+    shared.count(&arrival, Outcome::Completed);
+    let body = json!({"input_tokens": anthropic::input_tokens(&request)});
+    with_request_id(json_response(StatusCode::OK, &body), arrival.seq)
+}
+
+/// Counts and records an Anthropic call, then refuses it (counted) if it
+/// has no credentials (401: neither a non-empty `x-api-key` nor an
+/// `Authorization: Bearer` token) or a body Anthropic would refuse (400).
+fn anthropic_arrival(
+    shared: &Shared,
+    headers: &HeaderMap,
+    request: &Arc<Value>,
+    kind: anthropic::Kind,
+    stream: bool,
+) -> (Arrival, Option<Response>) {
+    let sent = sent_of(headers, None);
+    let bearer = sent
+        .authorization
+        .as_deref()
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .is_some_and(|token| !token.trim().is_empty());
+    let unauthenticated = match sent.x_api_key.as_deref() {
+        Some(key) if !key.is_empty() => None,
+        _ if bearer => None,
+        Some(_) => Some("invalid x-api-key"),
+        None => Some("x-api-key header is required"),
+    };
+    let endpoint = match kind {
+        anthropic::Kind::Messages => Endpoint::Messages,
+        anthropic::Kind::CountTokens => Endpoint::CountTokens,
+    };
+    let arrival = shared.arrive(Incoming {
+        endpoint,
+        body: Arc::clone(request),
+        sent,
+        stream,
+        items: 0,
+    });
+    let refused = if let Some(message) = unauthenticated {
+        Some((401, message.to_owned()))
+    } else {
+        anthropic::validate(request, kind)
+            .err()
+            .map(|message| (400, message))
+    };
+    let refused = refused.map(|(status, message)| {
+        shared.count(&arrival, Outcome::Failed(status));
+        anthropic_error(status, &message, None, arrival.seq)
+    });
+    (arrival, refused)
+}
+
+/// An Anthropic error answer of call `seq`, with its `request-id`; an
+/// invalid status code becomes 500.
+fn anthropic_error(status: u16, message: &str, retry_after: Option<u64>, seq: u64) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = anthropic::error_body(code.as_u16(), message, seq);
+    let mut response = json_response(code, &body);
+    if let Some(seconds) = retry_after {
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    with_request_id(response, seq)
+}
+
+/// `response` with the `request-id` header of call `seq`.
+fn with_request_id(mut response: Response, seq: u64) -> Response {
+    if let Ok(id) = HeaderValue::from_str(&anthropic::request_id(seq)) {
+        response.headers_mut().insert("request-id", id);
+    }
+    response
+}
+
+/// Azure's error body: `{"error": {"code": "<status>", "message"}}`.
+fn azure_error(status: u16, message: &str) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = json!({"error": {"code": code.as_u16().to_string(), "message": message}});
+    json_response(code, &body)
+}
+
 const NOT_AN_OBJECT: &str = "mock: the body is not a JSON object";
 
 /// The request as JSON (a JSON string holding the raw text if it is not
@@ -162,17 +433,50 @@ fn request_of(body: &[u8]) -> (Arc<Value>, bool) {
     (Arc::new(request), valid)
 }
 
-fn authorization(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get(AUTHORIZATION)
-        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+/// The headers of interest of a request, and the parts of its Azure URL.
+fn sent_of(headers: &HeaderMap, azure: Option<&Azure>) -> Sent {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+    };
+    Sent {
+        authorization: header(AUTHORIZATION.as_str()),
+        x_api_key: header("x-api-key"),
+        api_key: header("api-key"),
+        anthropic_version: header("anthropic-version"),
+        anthropic_beta: header("anthropic-beta"),
+        deployment: azure.map(|azure| azure.deployment.clone()),
+        api_version: azure.and_then(|azure| azure.api_version.clone()),
+    }
+}
+
+/// Which provider's error body a failure takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Face {
+    /// OpenAI's (also Azure's, for the failures the behaviour chooses).
+    OpenAi,
+    Anthropic,
+}
+
+/// The error answer of call `seq` with this status, in `face`'s shape.
+fn failure(face: Face, status: u16, retry_after: Option<u64>, seq: u64) -> Response {
+    match face {
+        Face::OpenAi => error(status, "mock failure", retry_after),
+        Face::Anthropic => anthropic_error(status, "mock failure", retry_after, seq),
+    }
 }
 
 /// What every call goes through between its arrival and its answer: the
 /// hold, the latency, then a failure or a reset if the release or the
-/// behaviour chooses one (counted, as the `Err` response). `Ok` carries
-/// the behaviour of the moment and the release, for the answer.
-async fn gate(shared: &Shared, arrival: &Arrival) -> Result<(Arc<Behaviour>, Release), Response> {
+/// behaviour chooses one (counted, as the `Err` response, in `face`'s
+/// shape). `Ok` carries the behaviour of the moment and the release, for
+/// the answer.
+async fn gate(
+    shared: &Shared,
+    arrival: &Arrival,
+    face: Face,
+) -> Result<(Arc<Behaviour>, Release), Response> {
     let behaviour = shared.behaviour();
     let release = if behaviour.hold || behaviour.hang {
         shared.hold(arrival).await
@@ -186,7 +490,7 @@ async fn gate(shared: &Shared, arrival: &Arrival) -> Result<(Arc<Behaviour>, Rel
 
     if let Some(status) = release.status {
         shared.count(arrival, Outcome::Failed(status));
-        return Err(error(status, "mock failure", behaviour.retry_after));
+        return Err(failure(face, status, behaviour.retry_after, arrival.seq));
     }
     // A release that chose the content chose success: no random failure.
     if release.content.is_none() {
@@ -202,7 +506,7 @@ async fn gate(shared: &Shared, arrival: &Arrival) -> Result<(Arc<Behaviour>, Rel
             };
             if chance(rate) {
                 shared.count(arrival, Outcome::Failed(status));
-                return Err(error(status, "mock failure", behaviour.retry_after));
+                return Err(failure(face, status, behaviour.retry_after, arrival.seq));
             }
         }
     }

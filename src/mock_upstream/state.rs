@@ -76,8 +76,39 @@ struct Recorded {
     seq: u64,
     endpoint: Endpoint,
     body: Arc<Value>,
-    authorization: Option<String>,
+    sent: Sent,
     stream: bool,
+}
+
+/// What a request carried besides its body that a test may want to see:
+/// its credentials, versions and, on the Azure routes, the URL's parts.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Sent {
+    /// `Authorization`.
+    pub(crate) authorization: Option<String>,
+    /// `x-api-key` (Anthropic's key header).
+    pub(crate) x_api_key: Option<String>,
+    /// `api-key` (Azure's key header).
+    pub(crate) api_key: Option<String>,
+    /// `anthropic-version`.
+    pub(crate) anthropic_version: Option<String>,
+    /// `anthropic-beta`.
+    pub(crate) anthropic_beta: Option<String>,
+    /// The deployment named by an Azure URL.
+    pub(crate) deployment: Option<String>,
+    /// The `api-version` query of an Azure URL.
+    pub(crate) api_version: Option<String>,
+}
+
+/// One request as it arrives, for [`Shared::arrive`].
+pub(crate) struct Incoming {
+    pub(crate) endpoint: Endpoint,
+    /// The body as JSON (a JSON string holding the raw text if it was not JSON).
+    pub(crate) body: Arc<Value>,
+    pub(crate) sent: Sent,
+    pub(crate) stream: bool,
+    /// The input items of a valid embeddings request (else 0).
+    pub(crate) items: u64,
 }
 
 /// The outcome of one answered request, for the counters.
@@ -134,28 +165,29 @@ impl Shared {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Numbers, counts and records a request to `endpoint` on arrival;
-    /// `items` is the number of input items of a valid embeddings request.
-    pub(crate) fn arrive(
-        &self,
-        endpoint: Endpoint,
-        body: Arc<Value>,
-        authorization: Option<String>,
-        stream: bool,
-        items: u64,
-    ) -> Arrival {
+    /// Numbers, counts and records a request on arrival. The call log's
+    /// `model` is the Azure deployment when there is one, else the body's.
+    pub(crate) fn arrive(&self, incoming: Incoming) -> Arrival {
+        let Incoming {
+            endpoint,
+            body,
+            sent,
+            stream,
+            items,
+        } = incoming;
         // Built before taking the lock; numbered under it.
         let text = |key: &str| body.get(key).and_then(Value::as_str).map(str::to_owned);
         let prompt = match endpoint {
             Endpoint::ChatCompletions => super::answer::echoed(&body),
             Endpoint::Embeddings => super::embeddings::echoed(&body),
+            Endpoint::Messages | Endpoint::CountTokens => super::anthropic::echoed(&body),
         };
         let mut call = CallRecord {
             seq: 0,
             endpoint,
             at_ms: now_ms(),
             done_ms: None,
-            model: text("model"),
+            model: sent.deployment.clone().or_else(|| text("model")),
             user: text("user"),
             prompt,
             stream,
@@ -177,7 +209,7 @@ impl Shared {
             seq,
             endpoint,
             body,
-            authorization,
+            sent,
             stream,
         });
         // Counted under the lock so a concurrent reset sees seq and calls agree.
@@ -330,7 +362,13 @@ impl Shared {
                 seq: r.seq,
                 endpoint: r.endpoint,
                 body: Value::clone(&r.body),
-                authorization: r.authorization.clone(),
+                authorization: r.sent.authorization.clone(),
+                x_api_key: r.sent.x_api_key.clone(),
+                api_key: r.sent.api_key.clone(),
+                anthropic_version: r.sent.anthropic_version.clone(),
+                anthropic_beta: r.sent.anthropic_beta.clone(),
+                deployment: r.sent.deployment.clone(),
+                api_version: r.sent.api_version.clone(),
                 stream: r.stream,
             })
             .collect();

@@ -6,26 +6,30 @@ use serde_json::{Value, json};
 use super::*;
 
 /// Safety net only: no test waits for it unless something is broken.
-const SAFETY: Duration = Duration::from_secs(5);
+pub(super) const SAFETY: Duration = Duration::from_secs(5);
 
-async fn start(behaviour: Behaviour) -> MockServer {
+pub(super) async fn start(behaviour: Behaviour) -> MockServer {
     MockServer::start("127.0.0.1:0".parse().unwrap(), behaviour)
         .await
         .unwrap()
 }
 
-fn client() -> reqwest::Client {
+pub(super) fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
-fn chat(text: &str) -> Value {
+pub(super) fn chat(text: &str) -> Value {
     json!({"model": "gpt-test", "messages": [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": text},
     ]})
 }
 
-async fn post(client: &reqwest::Client, server: &MockServer, body: &Value) -> reqwest::Response {
+pub(super) async fn post(
+    client: &reqwest::Client,
+    server: &MockServer,
+    body: &Value,
+) -> reqwest::Response {
     client
         .post(format!("{}/chat/completions", server.base_url()))
         .json(body)
@@ -34,7 +38,12 @@ async fn post(client: &reqwest::Client, server: &MockServer, body: &Value) -> re
         .unwrap()
 }
 
-async fn control(client: &reqwest::Client, server: &MockServer, path: &str, body: Value) -> Value {
+pub(super) async fn control(
+    client: &reqwest::Client,
+    server: &MockServer,
+    path: &str,
+    body: Value,
+) -> Value {
     let response = client
         .post(format!("http://{}/_mock/{path}", server.addr()))
         .json(&body)
@@ -50,7 +59,7 @@ async fn control(client: &reqwest::Client, server: &MockServer, path: &str, body
 }
 
 /// Waits (long-poll, no sleeping) until at least `n` requests are held.
-async fn held(client: &reqwest::Client, server: &MockServer, n: usize) -> Vec<u64> {
+pub(super) async fn held(client: &reqwest::Client, server: &MockServer, n: usize) -> Vec<u64> {
     let response = client
         .get(format!(
             "http://{}/_mock/held?at_least={n}&timeout_ms={}",
@@ -69,12 +78,12 @@ async fn held(client: &reqwest::Client, server: &MockServer, n: usize) -> Vec<u6
     serde_json::from_value(body["held"].clone()).unwrap()
 }
 
-fn content(answer: &Value) -> &str {
+pub(super) fn content(answer: &Value) -> &str {
     answer["choices"][0]["message"]["content"].as_str().unwrap()
 }
 
 /// The `data:` payloads of an SSE body.
-fn events(text: &str) -> Vec<&str> {
+pub(super) fn events(text: &str) -> Vec<&str> {
     text.split("\n\n")
         .filter(|event| !event.is_empty())
         .map(|event| event.strip_prefix("data: ").unwrap())
