@@ -116,9 +116,11 @@ impl Default for Spec {
 /// A provider's `kind` and `base_url` keys for a mock speaking `kind`.
 pub fn provider_keys(kind: ProviderKind, mock: &MockServer) -> String {
     match kind {
-        // The Messages API lives at `{base_url}/v1/messages`.
+        // The Messages API lives at `{base_url}/v1/messages`, and wants a
+        // key (the mock answers 401 without one): any variable cargo sets
+        // for the tests it runs will do, here the package's name.
         ProviderKind::Anthropic => format!(
-            "kind = \"anthropic\"\nbase_url = \"http://{}\"\n",
+            "kind = \"anthropic\"\nbase_url = \"http://{}\"\napi_key_env = \"CARGO_PKG_NAME\"\n",
             mock.addr()
         ),
         other => format!(
