@@ -123,6 +123,8 @@ pub fn provider_keys(kind: ProviderKind, mock: &MockServer) -> String {
             "kind = \"anthropic\"\nbase_url = \"http://{}\"\napi_key_env = \"CARGO_PKG_NAME\"\n",
             mock.addr()
         ),
+        // An Azure resource's deployments live under its root.
+        ProviderKind::Azure => format!("kind = \"azure\"\nbase_url = \"http://{}\"\n", mock.addr()),
         other => format!(
             "kind = \"{}\"\nbase_url = \"{}\"\n",
             other.as_str(),

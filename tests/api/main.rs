@@ -20,6 +20,7 @@ mod hostile;
 mod jobs;
 mod ops;
 mod provenance;
+mod providers;
 mod redis_cluster;
 mod redis_outage;
 mod rendering;
