@@ -375,9 +375,9 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     ));
     t.note(format!(
         "the route: endpoints = [\"chat\", \"embeddings\"], cache.ttl = \"{CACHE_TTL}\" (idem's \
-         default, 30 s, would expire early chunks before their repeats); coalescing and cache \
-         bounds are idem's defaults (100,000 entries, 256 MiB: room for the unique items); \
-         `dimensions` the mock's default (8), floats"
+         default, 30 s, would expire early chunks before their repeats), followers may wait 120 \
+         s as in every table, the rest idem's defaults (the cache's bounds, 100,000 entries and \
+         256 MiB, have room for the unique items); `dimensions` the mock's default (8), floats"
     ));
     t.note(format!(
         "mock direct: a run before and one after idem's ({} and {} items/s), CPU of the mock's \
