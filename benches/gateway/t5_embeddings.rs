@@ -147,7 +147,7 @@ fn chunk(n: usize, rng: &mut impl Rng) -> String {
     text
 }
 
-/// `n` batches of unique chunks no run sends, to `endpoint`.
+/// Batch `i` of the warm-up: unique chunks no run sends, to `endpoint`.
 fn warm_up(endpoint: &Endpoint, tag: &str) -> Maker {
     let (endpoint, tag) = (endpoint.clone(), tag.to_string());
     Arc::new(move |i| {
