@@ -37,6 +37,8 @@ mod t2_wave;
 mod t3_jobs;
 #[path = "gateway/t4_redis.rs"]
 mod t4_redis;
+#[path = "gateway/t5_embeddings.rs"]
+mod t5_embeddings;
 #[path = "gateway/wave.rs"]
 mod wave;
 
@@ -67,9 +69,9 @@ impl Settings {
                         t.trim()
                             .parse::<u8>()
                             .ok()
-                            .filter(|n| (1..=4).contains(n))
+                            .filter(|n| (1..=5).contains(n))
                             .with_context(|| {
-                                format!("IDEM_BENCH_ONLY: {t:?} is not a table number (1..4)")
+                                format!("IDEM_BENCH_ONLY: {t:?} is not a table number (1..5)")
                             })
                     })
                     .collect::<anyhow::Result<BTreeSet<u8>>>()?,
@@ -89,11 +91,12 @@ impl Settings {
     }
 }
 
-const TABLES: [(u8, &str); 4] = [
+const TABLES: [(u8, &str); 5] = [
     (1, "proxy overhead"),
     (2, "wave of identical requests"),
     (3, "idempotent job creations"),
     (4, "Redis vs memory backend"),
+    (5, "embeddings re-index"),
 ];
 
 async fn table(n: u8, s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
@@ -101,7 +104,8 @@ async fn table(n: u8, s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
         1 => t1_overhead::run(s).await.map(|t| vec![t]),
         2 => t2_wave::run(s).await,
         3 => t3_jobs::run(s).await.map(|t| vec![t]),
-        _ => t4_redis::run(s).await.map(|t| vec![t]),
+        4 => t4_redis::run(s).await.map(|t| vec![t]),
+        _ => t5_embeddings::run(s).await.map(|t| vec![t]),
     }
 }
 

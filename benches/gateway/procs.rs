@@ -285,19 +285,37 @@ impl Mock {
         format!("http://{}{path}", self.addr)
     }
 
-    /// Chat completions that reached it (counted on arrival).
-    pub async fn calls(&self) -> anyhow::Result<u64> {
-        let stats: Value = self
+    /// `GET /_mock/stats`.
+    async fn stats(&self) -> anyhow::Result<Value> {
+        Ok(self
             .control
             .get(self.url("/_mock/stats"))
             .send()
             .await?
             .error_for_status()?
             .json()
-            .await?;
-        stats["calls"]
+            .await?)
+    }
+
+    /// Chat completions that reached it (counted on arrival).
+    pub async fn calls(&self) -> anyhow::Result<u64> {
+        self.stats().await?["calls"]
             .as_u64()
             .context("no `calls` in /_mock/stats")
+    }
+
+    /// Embeddings calls that reached it and the items they carried.
+    pub async fn embeddings(&self) -> anyhow::Result<Embedded> {
+        let stats = self.stats().await?;
+        let field = |name: &str| {
+            stats[name]
+                .as_u64()
+                .with_context(|| format!("no `{name}` in /_mock/stats"))
+        };
+        Ok(Embedded {
+            calls: field("embedding_calls")?,
+            items: field("embedding_items")?,
+        })
     }
 
     /// Replaces the behaviour (`{"hold": true, "latency_ms": 200}`).
@@ -339,6 +357,24 @@ impl Mock {
     }
 }
 
+/// Embeddings calls and items a mock has seen.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Embedded {
+    pub calls: u64,
+    pub items: u64,
+}
+
+impl std::ops::Sub for Embedded {
+    type Output = Embedded;
+
+    fn sub(self, before: Embedded) -> Embedded {
+        Embedded {
+            calls: self.calls.saturating_sub(before.calls),
+            items: self.items.saturating_sub(before.items),
+        }
+    }
+}
+
 fn control_client() -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
@@ -356,6 +392,10 @@ pub struct GatewaySpec {
     pub redis_prefix: String,
     /// `jobs.workers` (None: idem's default).
     pub job_workers: Option<usize>,
+    /// The route also serves `POST /v1/embeddings`.
+    pub embeddings: bool,
+    /// The route's `cache.ttl` (None: idem's default).
+    pub cache_ttl: Option<&'static str>,
 }
 
 impl GatewaySpec {
@@ -367,6 +407,8 @@ impl GatewaySpec {
             backend: "memory".into(),
             redis_prefix: "idem".into(),
             job_workers: None,
+            embeddings: false,
+            cache_ttl: None,
         }
     }
 
@@ -405,11 +447,11 @@ timeout = "120s"
 [[routes]]
 model = "{MODEL}"
 targets = [{{ provider = "mock", model = "mock-model" }}]
-[routes.coalesce]
+{endpoints}[routes.coalesce]
 max_wait = "120s"
 [routes.attempts]
 timeout = "120s"
-"#,
+{cache}"#,
             storage = self.storage,
             backend = self.backend,
             prefix = self.redis_prefix,
@@ -417,6 +459,14 @@ timeout = "120s"
             jobs = self
                 .job_workers
                 .map_or(String::new(), |n| format!("\n[jobs]\nworkers = {n}\n")),
+            endpoints = if self.embeddings {
+                "endpoints = [\"chat\", \"embeddings\"]\n"
+            } else {
+                ""
+            },
+            cache = self.cache_ttl.map_or(String::new(), |ttl| format!(
+                "[routes.cache]\nttl = \"{ttl}\"\n"
+            )),
         )
     }
 }
@@ -452,6 +502,18 @@ impl Gateway {
             proc,
             addr: addr.parse().context("gateway address")?,
         })
+    }
+
+    /// `GET /metrics` (Prometheus text) with the admin key.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        Ok(control_client()?
+            .get(format!("http://{}/metrics", self.addr))
+            .bearer_auth(ADMIN)
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?)
     }
 
     /// `GET /v1/stats` with the admin key.
