@@ -65,6 +65,13 @@ pub trait Wire: Send + Sync + 'static {
 pub struct LeaderJob {
     /// The flights this call answers, each with the request its task sends.
     pub flights: Vec<(LeaderTicket, Arc<Map<String, Value>>)>,
+    pub call: Call,
+    pub shared: Arc<OnceLock<Arc<RedisFlights>>>,
+}
+
+/// What every flight of one leader's call shares: the call's target and
+/// rules, and the handles it writes to.
+pub struct Call {
     pub wire: &'static dyn Wire,
     pub tenant: Arc<str>,
     pub route: Arc<Route>,
@@ -80,23 +87,7 @@ pub struct LeaderJob {
     /// for a job attempt that still listens for a late answer.
     pub call_timeout: Duration,
     pub cache: Arc<ResultCache>,
-    pub shared: Arc<OnceLock<Arc<RedisFlights>>>,
     pub metrics: Arc<Metrics>,
-}
-
-/// The part of a [`LeaderJob`] every flight of it shares.
-struct Call {
-    wire: &'static dyn Wire,
-    tenant: Arc<str>,
-    route: Arc<Route>,
-    target: usize,
-    read_cache: bool,
-    read_negative: bool,
-    write_cache: bool,
-    pinned: bool,
-    call_timeout: Duration,
-    cache: Arc<ResultCache>,
-    metrics: Arc<Metrics>,
 }
 
 impl Call {
@@ -136,32 +127,9 @@ const RESULT_TTL: Duration = Duration::from_secs(60);
 pub async fn lead(job: LeaderJob) {
     let LeaderJob {
         flights,
-        wire,
-        tenant,
-        route,
-        target,
-        read_cache,
-        read_negative,
-        write_cache,
-        pinned,
-        call_timeout,
-        cache,
+        call,
         shared,
-        metrics,
     } = job;
-    let call = Call {
-        wire,
-        tenant,
-        route,
-        target,
-        read_cache,
-        read_negative,
-        write_cache,
-        pinned,
-        call_timeout,
-        cache,
-        metrics,
-    };
     let shared = shared.get().cloned();
     // Each flight first looks where an answer may already be (this
     // replica's cache, then the shared layer), all at once.

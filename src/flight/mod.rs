@@ -434,18 +434,20 @@ impl Coalescer {
     ) {
         let job = leader::LeaderJob {
             flights,
-            wire: ask.wire,
-            tenant: ask.tenant.clone(),
-            route: ask.route.clone(),
-            target: target.index,
-            read_cache: ask.read_cache,
-            read_negative: ask.read_negative,
-            write_cache: ask.write_cache,
-            pinned: ask.pinned,
-            call_timeout: ask.call_timeout.unwrap_or(target.provider.timeout),
-            cache: self.cache.clone(),
+            call: leader::Call {
+                wire: ask.wire,
+                tenant: ask.tenant.clone(),
+                route: ask.route.clone(),
+                target: target.index,
+                read_cache: ask.read_cache,
+                read_negative: ask.read_negative,
+                write_cache: ask.write_cache,
+                pinned: ask.pinned,
+                call_timeout: ask.call_timeout.unwrap_or(target.provider.timeout),
+                cache: self.cache.clone(),
+                metrics: self.metrics.clone(),
+            },
             shared: self.shared.clone(),
-            metrics: self.metrics.clone(),
         };
         tokio::spawn(leader::lead(job));
     }
