@@ -2,8 +2,8 @@
 //! creation, written at the end of the handler, after the answer's head is
 //! known (docs/design.md, "Numbers").
 //!
-//! Its fields are a public interface (the README's "Request log" lists
-//! them, and `idem analyze` reads them back), so they are named once, in
+//! Its fields are a public interface (docs/operations.md, "Request log",
+//! lists them, and `idem analyze` reads them back), so they are named once, in
 //! [`Line`], and every destination carries the same set. `[log] requests`
 //! picks the destination: `stdout` sends each line through `tracing` as an
 //! event of target `idem::request` (formatted by `[log] format` like every

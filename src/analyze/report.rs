@@ -310,7 +310,7 @@ fn auto_wait(p99_us: u64) -> u64 {
     (p99_us.saturating_mul(3) / 2).clamp(us(WAIT_FLOOR), us(WAIT_CEILING))
 }
 
-/// The recommendation rule (README "idem analyze"):
+/// The recommendation rule (docs/analyze.md, "The recommendation"):
 ///
 /// - verdict from the duplicate share: under 1 % coalescing is not worth
 ///   it, under 2 % it is marginal;

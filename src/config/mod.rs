@@ -1,4 +1,4 @@
-//! Configuration: the TOML file (README, "Configuration"), `IDEM_...__...` environment
+//! Configuration: the TOML file (docs/configuration.md), `IDEM_...__...` environment
 //! overrides, the embedded default, and start-up validation.
 //!
 //! Loading is two steps. [`figment`] merges the file (or the embedded default)
@@ -48,7 +48,7 @@ pub use server::{MaxConnections, ServerConfig};
 pub use storage::StorageConfig;
 pub use tenants::{RateLimitConfig, TenantConfig};
 
-/// The configuration used when no file is given (README, "Configuration").
+/// The configuration used when no file is given (docs/configuration.md).
 pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
 
 /// Where the configuration came from, for error messages and the start-up log.

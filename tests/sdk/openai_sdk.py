@@ -4,7 +4,7 @@ Usage: python openai_sdk.py BASE_URL [--http2]   (e.g. http://127.0.0.1:18080/v1
 
 Checks what the README shows: a plain and a streamed chat completion, and an
 Idempotency-Key replay; with --http2, over HTTP/2 with prior knowledge (an
-httpx client with HTTP/1.1 off, as the README shows). Exits non-zero on the
+httpx client with HTTP/1.1 off, as docs/http-api.md shows). Exits non-zero on the
 first difference.
 """
 
