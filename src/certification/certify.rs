@@ -284,7 +284,7 @@ async fn certify_case(
             let body = json!({"model": target.model.as_ref(), "messages": case.messages});
             match target
                 .provider
-                .count_tokens(Bytes::from(body.to_string()))
+                .count_tokens(&target.model, Bytes::from(body.to_string()))
                 .await
             {
                 Some(Ok(n)) => Some(n),
@@ -392,7 +392,12 @@ const PROVIDER_COUNT: &str = "the provider's count_tokens";
 async fn call(target: &Target, body: Bytes) -> Result<Value, String> {
     let provider = &target.provider;
     let reply = provider
-        .send(crate::providers::Endpoint::Chat, body, provider.timeout)
+        .send(
+            crate::providers::Endpoint::Chat,
+            &target.model,
+            body,
+            provider.timeout,
+        )
         .await
         .map_err(|e| describe(&e))?;
     let mut whole = BytesMut::new();

@@ -572,7 +572,10 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
         _ => None,
     };
     let started = Instant::now();
-    let reply = match provider.send(call.wire.endpoint(), body, timeout).await {
+    let reply = match provider
+        .send(call.wire.endpoint(), &t.model, body, timeout)
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             if e.was_sent() {

@@ -128,9 +128,10 @@ pub struct UpstreamReply {
 /// status a reply is read back with classifies it as the attempt
 /// outcomes of docs/design.md, "Jobs and attempts", do.
 pub trait Dialect: Send + Sync + std::fmt::Debug {
-    /// The request of a call to `endpoint`, or why this kind cannot take it
-    /// (nothing is sent then).
-    fn request(&self, endpoint: Endpoint, body: Bytes) -> Result<Outgoing, String>;
+    /// The request of a call to `endpoint` for the upstream `model` (the
+    /// body carries it too), or why this kind cannot take it (nothing is
+    /// sent then).
+    fn request(&self, endpoint: Endpoint, model: &str, body: Bytes) -> Result<Outgoing, String>;
 
     /// The provider's reply to `outgoing`, in OpenAI's wire format. `limit`
     /// is the provider's `max_answer_bytes`: a reply that must be read whole
@@ -143,8 +144,8 @@ pub trait Dialect: Send + Sync + std::fmt::Debug {
     /// The request that counts a chat request's prompt tokens, when the
     /// provider's API has one (certification uses it where idem knows no
     /// tokenizer for the model); its answer is `{"input_tokens": N}`.
-    fn count_tokens(&self, body: Bytes) -> Option<Result<Outgoing, String>> {
-        let _ = body;
+    fn count_tokens(&self, model: &str, body: Bytes) -> Option<Result<Outgoing, String>> {
+        let _ = (model, body);
         None
     }
 }
@@ -315,20 +316,21 @@ impl Provider {
         })
     }
 
-    /// Sends a body (already carrying the upstream model) to `endpoint` and
+    /// Sends a body (already carrying the upstream `model`) to `endpoint` and
     /// returns once the provider has answered with a status, in OpenAI's
     /// wire format whatever its kind. `timeout` bounds the wait for the head
     /// and every pause between body chunks.
     pub async fn send(
         &self,
         endpoint: Endpoint,
+        model: &str,
         body: Bytes,
         timeout: Duration,
     ) -> Result<UpstreamReply, CallError> {
         match &self.upstream {
             Upstream::Mock => Ok(self.mock_reply(endpoint, &body)),
             Upstream::Http(dialect) => {
-                let outgoing = dialect.request(endpoint, body).map_err(|reason| {
+                let outgoing = dialect.request(endpoint, model, body).map_err(|reason| {
                     CallError::Untranslatable {
                         provider: self.name.clone(),
                         reason,
@@ -344,11 +346,11 @@ impl Provider {
     /// The prompt tokens of a chat request (`body`, carrying the upstream
     /// model) as the provider counts them, when its API can: `None` when it
     /// cannot, else the count or why there is none.
-    pub async fn count_tokens(&self, body: Bytes) -> Option<Result<u32, String>> {
+    pub async fn count_tokens(&self, model: &str, body: Bytes) -> Option<Result<u32, String>> {
         let Upstream::Http(dialect) = &self.upstream else {
             return None;
         };
-        let outgoing = match dialect.count_tokens(body)? {
+        let outgoing = match dialect.count_tokens(model, body)? {
             Ok(o) => o,
             Err(e) => return Some(Err(e)),
         };

@@ -55,7 +55,7 @@ pub(super) fn secret_header(
 }
 
 impl Dialect for OpenAi {
-    fn request(&self, endpoint: Endpoint, body: Bytes) -> Result<Outgoing, String> {
+    fn request(&self, endpoint: Endpoint, _model: &str, body: Bytes) -> Result<Outgoing, String> {
         let url = match endpoint {
             Endpoint::Chat => &self.chat,
             Endpoint::Embeddings => &self.embeddings,

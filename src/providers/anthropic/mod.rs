@@ -73,7 +73,7 @@ impl Anthropic {
 }
 
 impl Dialect for Anthropic {
-    fn request(&self, endpoint: Endpoint, body: Bytes) -> Result<Outgoing, String> {
+    fn request(&self, endpoint: Endpoint, _model: &str, body: Bytes) -> Result<Outgoing, String> {
         if endpoint == Endpoint::Embeddings {
             return Err("Anthropic's API has no embeddings".into());
         }
@@ -90,20 +90,22 @@ impl Dialect for Anthropic {
 
     /// `POST /v1/messages/count_tokens` with the translated request's
     /// model, system, messages and tools (the only fields it takes).
-    fn count_tokens(&self, body: Bytes) -> Option<Result<Outgoing, String>> {
-        let counted = self.request(Endpoint::Chat, body).and_then(|mut outgoing| {
-            let mut m: Map<String, Value> = serde_json::from_slice(&outgoing.body)
-                .map_err(|e| format!("cannot read the translated request: {e}"))?;
-            m.retain(|k, _| {
-                matches!(
-                    k.as_str(),
-                    "model" | "system" | "messages" | "tools" | "tool_choice"
-                )
+    fn count_tokens(&self, model: &str, body: Bytes) -> Option<Result<Outgoing, String>> {
+        let counted = self
+            .request(Endpoint::Chat, model, body)
+            .and_then(|mut outgoing| {
+                let mut m: Map<String, Value> = serde_json::from_slice(&outgoing.body)
+                    .map_err(|e| format!("cannot read the translated request: {e}"))?;
+                m.retain(|k, _| {
+                    matches!(
+                        k.as_str(),
+                        "model" | "system" | "messages" | "tools" | "tool_choice"
+                    )
+                });
+                outgoing.url = self.count_tokens.clone();
+                outgoing.body = Bytes::from(serde_json::to_vec(&m).unwrap_or_default());
+                Ok(outgoing)
             });
-            outgoing.url = self.count_tokens.clone();
-            outgoing.body = Bytes::from(serde_json::to_vec(&m).unwrap_or_default());
-            Ok(outgoing)
-        });
         Some(counted)
     }
 
