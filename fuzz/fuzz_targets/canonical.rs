@@ -44,6 +44,7 @@ fn check_fingerprints(original: &Value, reparsed: &Value) {
                 normalize,
                 scope,
                 ignore_fields: &[],
+                kinds: &[],
                 contract: None,
             };
             assert_eq!(

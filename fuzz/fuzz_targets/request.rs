@@ -45,6 +45,7 @@ fn fp_of(body: &Map<String, Value>) -> idem::fingerprint::Fingerprint {
         normalize: Normalize::Whitespace,
         scope: Scope::User,
         ignore_fields: &[],
+        kinds: &[],
         contract: None,
     };
     fingerprint(body, Some("someone"), &rules)
