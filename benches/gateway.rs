@@ -101,7 +101,7 @@ const TABLES: [(u8, &str); 5] = [
 
 async fn table(n: u8, s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     match n {
-        1 => t1_overhead::run(s).await.map(|t| vec![t]),
+        1 => t1_overhead::run(s).await,
         2 => t2_wave::run(s).await,
         3 => t3_jobs::run(s).await.map(|t| vec![t]),
         4 => t4_redis::run(s).await.map(|t| vec![t]),

@@ -24,6 +24,9 @@ pub const KEY: &str = "sk-bench-tenant-1";
 pub const ADMIN: &str = "sk-bench-admin-1";
 /// The public model name of the benchmark route.
 pub const MODEL: &str = "bench";
+/// The variable an Anthropic provider entry reads its key from
+/// (`api_key_env`); every child process gets it.
+const ANTHROPIC_KEY_ENV: &str = "IDEM_BENCH_ANTHROPIC_KEY";
 
 /// How long a process may take to print its listening line (PostgreSQL
 /// migrations included).
@@ -78,6 +81,7 @@ impl Proc {
         let child = Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(args)
             .env_remove("IDEM_CONFIG")
+            .env(ANTHROPIC_KEY_ENV, KEY)
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -396,6 +400,9 @@ pub struct GatewaySpec {
     pub embeddings: bool,
     /// The route's `cache.ttl` (None: idem's default).
     pub cache_ttl: Option<&'static str>,
+    /// The provider speaks Anthropic's Messages API (the mock's Anthropic
+    /// face) instead of OpenAI's: idem translates both ways.
+    pub anthropic: bool,
 }
 
 impl GatewaySpec {
@@ -409,6 +416,7 @@ impl GatewaySpec {
             job_workers: None,
             embeddings: false,
             cache_ttl: None,
+            anthropic: false,
         }
     }
 
@@ -440,9 +448,7 @@ api_keys = ["{KEY}"]
 
 [[providers]]
 name = "mock"
-kind = "openai"
-base_url = "{upstream}"
-timeout = "120s"
+{provider}timeout = "120s"
 
 [[routes]]
 model = "{MODEL}"
@@ -455,7 +461,15 @@ timeout = "120s"
             storage = self.storage,
             backend = self.backend,
             prefix = self.redis_prefix,
-            upstream = self.upstream,
+            provider = if self.anthropic {
+                // The Messages API's base URL has no `/v1`.
+                format!(
+                    "kind = \"anthropic\"\nbase_url = \"{}\"\napi_key_env = \"{ANTHROPIC_KEY_ENV}\"\nmax_tokens = 256\n",
+                    self.upstream.trim_end_matches("/v1")
+                )
+            } else {
+                format!("kind = \"openai\"\nbase_url = \"{}\"\n", self.upstream)
+            },
             jobs = self
                 .job_workers
                 .map_or(String::new(), |n| format!("\n[jobs]\nworkers = {n}\n")),

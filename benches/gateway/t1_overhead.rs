@@ -1,7 +1,9 @@
 //! Table 1: what idem adds in front of a provider, for unique prompts
 //! (nothing coalesced, nothing cached): the same load against the mock
 //! directly and through idem, in alternating rounds so that background
-//! load on the machine falls on both sides alike.
+//! load on the machine falls on both sides alike. A third side, idem with
+//! an Anthropic target (the mock's Messages API face), prices the
+//! translation both ways: table 1c.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,9 +27,51 @@ const ADDED_P99_MS: f64 = 1.0;
 enum Side {
     Direct,
     Idem,
+    /// idem in front of the mock's Anthropic face.
+    Anthropic,
 }
 
-pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
+const SIDES: [Side; 3] = [Side::Direct, Side::Idem, Side::Anthropic];
+
+/// What one side measured over all its rounds.
+struct Measured {
+    a: Run,
+    b: Run,
+    /// CPU of the process the closed loop loads: the mock's when direct,
+    /// idem's otherwise.
+    cpu: Duration,
+    /// (b) p99 of each round.
+    p99s: Vec<f64>,
+    /// Upstream calls made while this side was measured.
+    calls: u64,
+}
+
+impl Measured {
+    fn new() -> anyhow::Result<Measured> {
+        Ok(Measured {
+            a: Run::new()?,
+            b: Run::new()?,
+            cpu: Duration::ZERO,
+            p99s: Vec::new(),
+            calls: 0,
+        })
+    }
+
+    fn requests(&self) -> u64 {
+        self.a.sent() + self.b.sent()
+    }
+
+    fn failed(&self) -> u64 {
+        self.a.failed() + self.b.failed()
+    }
+
+    /// Closed-loop CPU per request, in us.
+    fn cpu_us(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.a.sent().max(1) as f64
+    }
+}
+
+pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     let (rounds_a, secs_a) = s.pick((1, 1.0), (3, 2.0));
     let (rounds_b, secs_b) = s.pick((1, 2.0), (5, 2.0));
     let warm = Duration::from_secs_f64(s.pick(0.3, 1.0));
@@ -35,50 +79,54 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     let dir = Workdir::new("overhead")?;
     let mock = Mock::start(&dir, "mock", &[]).await?;
     let spec = GatewaySpec::new(&mock, &dir);
+    // One SQLite file serves one gateway.
+    let spec_c = GatewaySpec {
+        anthropic: true,
+        storage: format!("sqlite://{}", dir.file("idem-c.db").display()),
+        ..GatewaySpec::new(&mock, &dir)
+    };
     let mut gateway = Gateway::start(&dir, "idem", &spec).await?;
+    let mut gateway_c = Gateway::start(&dir, "idem-c", &spec_c).await?;
     let direct = Endpoint::new(mock.addr, Some(KEY));
     let mut idem = Endpoint::new(gateway.addr, Some(KEY));
+    let mut idem_c = Endpoint::new(gateway_c.addr, Some(KEY));
 
     // Warm-up: connection pools, allocator, the route's latency tracker.
-    load::closed(direct.addr, CONNS, warm, load::unique_chats(&direct)).await?;
-    load::closed(idem.addr, CONNS, warm, load::unique_chats(&idem)).await?;
+    for endpoint in [&direct, &idem, &idem_c] {
+        load::closed(endpoint.addr, CONNS, warm, load::unique_chats(endpoint)).await?;
+    }
 
-    let (mut a_direct, mut a_idem) = (Run::new()?, Run::new()?);
-    let (mut b_direct, mut b_idem) = (Run::new()?, Run::new()?);
-    // Upstream calls made while idem was measured, against its requests.
-    let (mut idem_requests, mut idem_calls) = (0u64, 0u64);
-    // CPU of the closed loop: the mock's when direct, idem's through idem.
-    let (mut mock_cpu, mut idem_cpu) = (Duration::ZERO, Duration::ZERO);
-    // (b) p99 of each round, direct and idem, for the spread.
-    let (mut direct_p99s, mut idem_p99s) = (Vec::new(), Vec::new());
+    let mut measured = [Measured::new()?, Measured::new()?, Measured::new()?];
     let rounds = (0..rounds_a)
         .map(|r| (true, r))
         .chain((0..rounds_b).map(|r| (false, r)));
     for (closed, round) in rounds {
         if !closed && round == 0 {
-            // (b) gets a gateway of its own: (a) leaves ~100,000 cached
+            // (b) gets gateways of their own: (a) leaves ~100,000 cached
             // answers whose expiry, 30 s later, would fall into (b) at many
             // times the rate (b) itself causes.
             drop(gateway);
+            drop(gateway_c);
             gateway = Gateway::start(&dir, "idem-b", &spec).await?;
+            gateway_c = Gateway::start(&dir, "idem-cb", &spec_c).await?;
             idem = Endpoint::new(gateway.addr, Some(KEY));
-            load::closed(idem.addr, CONNS, warm, load::unique_chats(&idem)).await?;
+            idem_c = Endpoint::new(gateway_c.addr, Some(KEY));
+            for endpoint in [&idem, &idem_c] {
+                load::closed(endpoint.addr, CONNS, warm, load::unique_chats(endpoint)).await?;
+            }
         }
-        let order = if round % 2 == 0 {
-            [Side::Direct, Side::Idem]
-        } else {
-            [Side::Idem, Side::Direct]
-        };
-        for side in order {
-            let endpoint = if side == Side::Direct { &direct } else { &idem };
-            let make = load::unique_chats(endpoint);
-            let before = mock.calls().await?;
-            let cpu = if side == Side::Direct {
-                &mock.proc
-            } else {
-                &gateway.proc
+        // Each round starts with another side, so that none is always
+        // measured first or last.
+        for i in 0..SIDES.len() {
+            let side = SIDES[(i + round) % SIDES.len()];
+            let (endpoint, process) = match side {
+                Side::Direct => (&direct, &mock.proc),
+                Side::Idem => (&idem, &gateway.proc),
+                Side::Anthropic => (&idem_c, &gateway_c.proc),
             };
-            let cpu_before = cpu.cpu()?;
+            let make = load::unique_chats(endpoint);
+            let calls_before = mock.calls().await?;
+            let cpu_before = process.cpu()?;
             let run = if closed {
                 load::closed(endpoint.addr, CONNS, Duration::from_secs_f64(secs_a), make).await?
             } else {
@@ -91,33 +139,36 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
                 )
                 .await?
             };
+            let m = &mut measured[side as usize];
             if closed {
-                let used = cpu.cpu()?.saturating_sub(cpu_before);
-                match side {
-                    Side::Direct => mock_cpu += used,
-                    Side::Idem => idem_cpu += used,
-                }
+                m.cpu += process.cpu()?.saturating_sub(cpu_before);
             }
-            if side == Side::Idem {
-                idem_calls += mock.calls().await? - before;
-                idem_requests += run.sent();
+            m.calls += mock.calls().await? - calls_before;
+            if closed {
+                m.a.absorb(run)?;
+            } else {
+                m.p99s.push(run.ms(0.99));
+                m.b.absorb(run)?;
             }
-            let target = match (closed, side) {
-                (true, Side::Direct) => &mut a_direct,
-                (true, Side::Idem) => &mut a_idem,
-                (false, Side::Direct) => &mut b_direct,
-                (false, Side::Idem) => &mut b_idem,
-            };
-            if !closed {
-                match side {
-                    Side::Direct => direct_p99s.push(run.ms(0.99)),
-                    Side::Idem => idem_p99s.push(run.ms(0.99)),
-                }
-            }
-            target.absorb(run)?;
         }
     }
+    let [d, i, c] = measured;
+    Ok(vec![
+        overhead(&d, &i, rounds_a, secs_a, rounds_b, secs_b),
+        translation(&d, &i, &c),
+    ])
+}
 
+/// Table 1: the mock directly against idem in front of it.
+fn overhead(
+    d: &Measured,
+    i: &Measured,
+    rounds_a: usize,
+    secs_a: f64,
+    rounds_b: usize,
+    secs_b: f64,
+) -> Table {
+    let (a_direct, a_idem, b_direct, b_idem) = (&d.a, &i.a, &d.b, &i.b);
     let mut t = Table::new(
         "1. Proxy overhead, unique prompts (mock latency 0)",
         &[
@@ -140,17 +191,13 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     ]);
     t.row([
         "(a) latency p50 / p99 at that load, ms".into(),
-        pair(&a_direct, 0.5, 0.99),
-        pair(&a_idem, 0.5, 0.99),
+        pair(a_direct, 0.5, 0.99),
+        pair(a_idem, 0.5, 0.99),
         String::new(),
         "-".into(),
         String::new(),
     ]);
-    let per_request = |cpu: Duration, r: &Run| cpu.as_secs_f64() * 1e6 / r.sent().max(1) as f64;
-    let (mock_us, idem_us) = (
-        per_request(mock_cpu, &a_direct),
-        per_request(idem_cpu, &a_idem),
-    );
+    let (mock_us, idem_us) = (d.cpu_us(), i.cpu_us());
     t.row([
         "(a) CPU per request, us (mock / idem process)".into(),
         format!("{mock_us:.1}"),
@@ -168,7 +215,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
         String::new(),
     ]);
     let added_p99 = b_idem.ms(0.99) - b_direct.ms(0.99);
-    let pairs: Vec<(f64, f64)> = direct_p99s.into_iter().zip(idem_p99s).collect();
+    let pairs = paired(&d.p99s, &i.p99s);
     let noisy = too_spread(&pairs, ADDED_P99_MS);
     t.row([
         format!("(b) p99 at {} req/s, ms", int(RATE.into())),
@@ -188,8 +235,8 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     ]);
     t.row([
         "(b) p99.9 / max, ms".into(),
-        pair(&b_direct, 0.999, 1.0),
-        pair(&b_idem, 0.999, 1.0),
+        pair(b_direct, 0.999, 1.0),
+        pair(b_idem, 0.999, 1.0),
         String::new(),
         "-".into(),
         String::new(),
@@ -204,19 +251,19 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     ]);
     t.row([
         "answers not 2xx (all runs)".into(),
-        int(a_direct.failed() + b_direct.failed()),
-        int(a_idem.failed() + b_idem.failed()),
+        int(d.failed()),
+        int(i.failed()),
         String::new(),
         "0".into(),
-        verdict(a_direct.failed() + b_direct.failed() + a_idem.failed() + b_idem.failed() == 0),
+        verdict(d.failed() + i.failed() == 0),
     ]);
     t.row([
         "upstream calls / requests through idem".into(),
         "-".into(),
-        format!("{} / {}", int(idem_calls), int(idem_requests)),
+        format!("{} / {}", int(i.calls), int(i.requests())),
         String::new(),
         "equal".into(),
-        verdict(idem_calls == idem_requests),
+        verdict(i.calls == i.requests()),
     ]);
     t.note(format!(
         "(a) closed loop: {CONNS} connections, each sends its next request when answered; \
@@ -228,21 +275,114 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
         int(RATE.into())
     ));
     t.note(
-        "rounds alternate direct/idem (ABBA); idem logs one JSON line per request (its default); \
+        "each round rotates the order of the sides (direct, idem, idem with an Anthropic target: table 1c); idem logs one JSON line per request (its default); \
          (b) runs on a fresh gateway, warmed up like (a)'s",
     );
     if noisy {
         t.note(NOISY_NOTE);
     }
-    for (label, run) in [
-        ("direct", &a_direct),
-        ("idem", &a_idem),
-        ("direct", &b_direct),
-        ("idem", &b_idem),
-    ] {
-        if let Some(e) = &run.first_error {
-            t.note(format!("first error ({label}): {e}"));
+    first_errors(&mut t, &[("direct", d), ("idem", i)]);
+    t
+}
+
+/// Table 1c: idem with an OpenAI target against idem with an Anthropic
+/// one, on the same mock: what translating each request and answer costs.
+fn translation(d: &Measured, i: &Measured, c: &Measured) -> Table {
+    let mut t = Table::new(
+        "1c. Proxy overhead with an Anthropic target (translation both ways)",
+        &[
+            "figure",
+            "OpenAI target",
+            "Anthropic target",
+            "Anthropic vs OpenAI",
+            "target",
+            "result",
+        ],
+    );
+    t.row([
+        format!("(a) throughput, {CONNS} connections, req/s (x direct)"),
+        format!(
+            "{} ({})",
+            per_sec(i.a.rate()),
+            ratio(i.a.rate(), d.a.rate())
+        ),
+        format!(
+            "{} ({})",
+            per_sec(c.a.rate()),
+            ratio(c.a.rate(), d.a.rate())
+        ),
+        ratio(c.a.rate(), i.a.rate()),
+        "-".into(),
+        String::new(),
+    ]);
+    t.row([
+        "(a) CPU per request of the idem process, us".into(),
+        format!("{:.1}", i.cpu_us()),
+        format!("{:.1}", c.cpu_us()),
+        format!("{:+.1}", c.cpu_us() - i.cpu_us()),
+        "-".into(),
+        String::new(),
+    ]);
+    let (added_i, added_c) = (i.b.ms(0.99) - d.b.ms(0.99), c.b.ms(0.99) - d.b.ms(0.99));
+    let pairs = paired(&d.p99s, &c.p99s);
+    let noisy = too_spread(&pairs, ADDED_P99_MS);
+    t.row([
+        format!(
+            "(b) added p99 over direct at {} req/s, ms",
+            int(RATE.into())
+        ),
+        plus_ms(added_i),
+        plus_ms(added_c),
+        plus_ms(added_c - added_i),
+        format!("added < {ADDED_P99_MS} ms"),
+        verdict_noisy(added_c < ADDED_P99_MS, noisy),
+    ]);
+    t.row([
+        "(b) added p99 per round: median (min .. max)".into(),
+        spread(&paired(&d.p99s, &i.p99s)),
+        spread(&pairs),
+        String::new(),
+        "-".into(),
+        String::new(),
+    ]);
+    t.row([
+        "answers not 2xx (all runs)".into(),
+        int(i.failed()),
+        int(c.failed()),
+        String::new(),
+        "0".into(),
+        verdict(c.failed() == 0),
+    ]);
+    t.row([
+        "upstream calls / requests".into(),
+        format!("{} / {}", int(i.calls), int(i.requests())),
+        format!("{} / {}", int(c.calls), int(c.requests())),
+        String::new(),
+        "equal".into(),
+        verdict(c.calls == c.requests()),
+    ]);
+    t.note(
+        "the same rounds as table 1, a third side in each: idem in front of the mock's Anthropic \
+         face (POST /v1/messages), clients still speaking chat completions",
+    );
+    if noisy {
+        t.note(NOISY_NOTE);
+    }
+    first_errors(&mut t, &[("Anthropic target", c)]);
+    t
+}
+
+/// Per-round p99s of two sides, paired round by round.
+fn paired(a: &[f64], b: &[f64]) -> Vec<(f64, f64)> {
+    a.iter().copied().zip(b.iter().copied()).collect()
+}
+
+fn first_errors(t: &mut Table, sides: &[(&str, &Measured)]) {
+    for (label, m) in sides {
+        for run in [&m.a, &m.b] {
+            if let Some(e) = &run.first_error {
+                t.note(format!("first error ({label}): {e}"));
+            }
         }
     }
-    Ok(t)
 }
