@@ -201,6 +201,8 @@ pub fn event(line: &Line<'_>) {
         outcome = line.outcome,
         job = line.job,
         attempt = line.attempt,
+        provider = line.provider,
+        model = line.model,
         status = line.status,
         latency_ms = line.latency_ms,
         upstream_ms = line.upstream_ms,
@@ -327,6 +329,13 @@ pub struct Line<'a> {
     /// The attempt that completed the job, on the job path only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempt: Option<i32>,
+    /// The provider whose answer this request received (the leader's for
+    /// followers and cache hits), and the model it was asked for there;
+    /// absent when none answered (a request refused before any call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<&'a str>,
     /// HTTP status of the answer.
     pub status: u16,
     /// From arrival until the answer's head was ready.
@@ -358,6 +367,8 @@ impl<'a> Line<'a> {
             outcome: e.outcome,
             job: e.job,
             attempt: e.attempt,
+            provider: e.answer.map(|a| &*a.provider),
+            model: e.answer.map(|a| &*a.model),
             status: e.status,
             latency_ms: millis(e.latency),
             upstream_ms: millis(upstream),
@@ -429,6 +440,35 @@ mod tests {
         assert_eq!(v["job"], "0193-job");
         assert_eq!(v["attempt"], 2);
         assert_eq!(v["messages"][0]["content"], "secret plan");
+    }
+
+    #[test]
+    fn an_answered_request_names_its_provider_and_model() {
+        let fp = Fingerprint::from_bytes([2; 32]);
+        let answer = Answer {
+            status: reqwest::StatusCode::OK,
+            form: crate::answer::Form::Plain,
+            body: bytes::Bytes::from_static(b"{}"),
+            retry_after: None,
+            failure: None,
+            provider: "primary".into(),
+            model: "gpt-4o-mini".into(),
+            created_at: SystemTime::now(),
+            upstream_latency: Duration::from_millis(5),
+            cache_ttl: None,
+            rendered: Default::default(),
+        };
+        let e =
+            Entry::new("acme", "bot", &fp, "follower", 200, Instant::now()).answer(Some(&answer));
+        let v = serde_json::to_value(Line::new(&e, false)).unwrap();
+        assert_eq!(v["provider"], "primary");
+        assert_eq!(v["model"], "gpt-4o-mini");
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let at = |k: &str| keys.iter().position(|x| *x == k).unwrap();
+        assert!(
+            at("outcome") < at("provider") && at("model") < at("status"),
+            "{keys:?}"
+        );
     }
 
     #[test]

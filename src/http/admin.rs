@@ -41,7 +41,10 @@ pub struct CertifyRequest {
 impl From<CertifyError> for ApiError {
     fn from(e: CertifyError) -> Self {
         match e {
-            CertifyError::NoRoute(r) => ApiError::ModelNotFound(r),
+            CertifyError::NoRoute(r) => ApiError::ModelNotFound {
+                model: r,
+                available: None,
+            },
             CertifyError::Store(s) => s.into(),
             other => ApiError::bad_request(other.to_string(), "cannot_certify", Some("route")),
         }

@@ -93,7 +93,11 @@ async fn handle(
     let req = wire::parse(object)
         .map_err(|i| known.refused(ApiError::bad_request(i.message, i.code, Some(i.param))))?;
     let Some(route) = app.routes.get(&req.model).cloned() else {
-        return Err(known.refused(ApiError::ModelNotFound(req.model)));
+        return Err(known.refused(super::openai::unknown_model(
+            app,
+            &req.model,
+            Endpoint::Embeddings,
+        )));
     };
     known.route = Some(&route.name);
     if !route.serves(Endpoint::Embeddings) {

@@ -37,8 +37,13 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("the request body did not arrive within {limit:?}")]
     BodyTimeout { limit: Duration },
-    #[error("model `{0}` does not exist")]
-    ModelNotFound(String),
+    /// `available`: the models the caller may use for this endpoint, so
+    /// that a typo is fixed from the error alone (None: not listed).
+    #[error("model `{model}` does not exist{}", available_models(available.as_deref()))]
+    ModelNotFound {
+        model: String,
+        available: Option<Vec<String>>,
+    },
     #[error("{0} not found")]
     NotFound(&'static str),
     #[error("{message}")]
@@ -67,6 +72,31 @@ pub enum ApiError {
     Internal(#[source] anyhow::Error),
 }
 
+/// How many models an unknown model's 404 lists at most.
+const LISTED_MODELS: usize = 20;
+
+/// The end of an unknown model's message: the models to use instead.
+fn available_models(models: Option<&[String]>) -> String {
+    let Some(models) = models else {
+        return String::new();
+    };
+    if models.is_empty() {
+        return "; no model serves this endpoint here".into();
+    }
+    let mut list: Vec<String> = models
+        .iter()
+        .take(LISTED_MODELS)
+        .map(|m| format!("`{m}`"))
+        .collect();
+    if models.len() > LISTED_MODELS {
+        list.push(format!(
+            "and {} more (GET /v1/models)",
+            models.len() - LISTED_MODELS
+        ));
+    }
+    format!("; this key may use {}", list.join(", "))
+}
+
 impl ApiError {
     pub fn bad_request(
         message: impl Into<String>,
@@ -91,7 +121,7 @@ impl ApiError {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound { .. } | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::WaitTimeout { .. } | ApiError::JobInProgress { .. } => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -112,7 +142,7 @@ impl ApiError {
             ApiError::BadRequest { code, .. } => ("invalid_request_error", code),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", "request_too_large"),
             ApiError::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
-            ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
+            ApiError::ModelNotFound { .. } => ("invalid_request_error", "model_not_found"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::Conflict { code, .. } => ("invalid_request_error", code),
             ApiError::WaitTimeout { .. } => ("timeout_error", "coalesce_wait_timeout"),
@@ -140,7 +170,7 @@ impl ApiError {
             | ApiError::BadRequest { .. }
             | ApiError::PayloadTooLarge { .. }
             | ApiError::BodyTimeout { .. }
-            | ApiError::ModelNotFound(_)
+            | ApiError::ModelNotFound { .. }
             | ApiError::NotFound(_)
             | ApiError::Conflict { .. }
             | ApiError::RateLimited { .. } => Refusal::Rejected,
@@ -160,7 +190,7 @@ impl ApiError {
     fn param(&self) -> Option<&str> {
         match self {
             ApiError::BadRequest { param, .. } => param.as_deref(),
-            ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ModelNotFound { .. } => Some("model"),
             _ => None,
         }
     }
@@ -322,7 +352,13 @@ mod tests {
                 },
                 Refusal::Rejected,
             ),
-            (ApiError::ModelNotFound("m".into()), Refusal::Rejected),
+            (
+                ApiError::ModelNotFound {
+                    model: "m".into(),
+                    available: None,
+                },
+                Refusal::Rejected,
+            ),
             (ApiError::RateLimited { retry_after: 1 }, Refusal::Rejected),
             (
                 ApiError::WaitTimeout {

@@ -188,7 +188,16 @@ pub async fn chat(
     } else {
         Outcome::Follower
     };
-    let answer = Arc::new(job_answer(&job, route));
+    // Who answered: the attempt that completed the job. The answer is
+    // there either way; a store that cannot say costs only its name.
+    let attempts = match job.completed_by {
+        Some(_) => app.store.attempts(&job.id).await.unwrap_or_else(|e| {
+            tracing::warn!(job = %job.id, error = %e, "cannot read the job's attempts");
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    let answer = Arc::new(job_answer(&job, route, &attempts));
     let mut resp = match job.state {
         JobState::Succeeded => render(&answer, req.stream, req.include_usage),
         JobState::Cancelled => ApiError::Conflict {

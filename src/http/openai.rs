@@ -275,6 +275,21 @@ async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Re
 }
 
 /// A route asked for an endpoint it does not serve.
+/// The 404 for a model no route serves, listing the models that serve
+/// `endpoint` (every tenant may use every route).
+pub fn unknown_model(app: &AppState, model: &str, endpoint: Endpoint) -> ApiError {
+    ApiError::ModelNotFound {
+        model: model.to_string(),
+        available: Some(
+            app.routes
+                .iter()
+                .filter(|r| r.serves(endpoint))
+                .map(|r| r.name.to_string())
+                .collect(),
+        ),
+    }
+}
+
 pub fn not_served(model: &str, endpoint: &str) -> ApiError {
     ApiError::bad_request(
         format!("model `{model}` does not serve {endpoint}"),
@@ -313,7 +328,7 @@ pub fn route_chat(
     headers: &HeaderMap,
 ) -> Result<(Arc<Route>, Fingerprint), ApiError> {
     let Some(route) = app.routes.get(&req.model).cloned() else {
-        return Err(ApiError::ModelNotFound(req.model.clone()));
+        return Err(unknown_model(app, &req.model, Endpoint::Chat));
     };
     if !route.serves(Endpoint::Chat) {
         return Err(not_served(&req.model, "chat completions"));

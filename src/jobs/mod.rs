@@ -355,18 +355,26 @@ impl Jobs {
     }
 }
 
-/// A succeeded job's stored result as an [`Answer`] (for rendering).
-pub fn job_answer(job: &JobRecord, route: &Route) -> Answer {
+/// A succeeded job's stored result as an [`Answer`] (for rendering), named
+/// after the attempt that completed it (its provider, model and call
+/// duration) when `attempts` holds it.
+pub fn job_answer(job: &JobRecord, route: &Route, attempts: &[AttemptRecord]) -> Answer {
+    let by = job
+        .completed_by
+        .and_then(|n| attempts.iter().find(|a| a.n == n));
     Answer {
         status: reqwest::StatusCode::OK,
         form: Form::Plain,
         body: bytes::Bytes::from(job.result.clone().unwrap_or_default()),
         retry_after: None,
         failure: None,
-        provider: "job".into(),
-        model: route.name.clone(),
+        provider: by.map_or_else(|| "job".into(), |a| a.provider.as_str().into()),
+        model: by.map_or_else(|| route.name.clone(), |a| a.model.as_str().into()),
         created_at: std::time::SystemTime::now(),
-        upstream_latency: Duration::ZERO,
+        upstream_latency: by
+            .and_then(|a| Some(a.finished_at? - a.started_at))
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map_or(Duration::ZERO, Duration::from_millis),
         cache_ttl: None,
         rendered: Default::default(),
     }

@@ -13,6 +13,7 @@ use idem::app::App;
 use idem::config::{Config, Source};
 use idem::fingerprint::Fingerprint;
 use idem::http::AppState;
+use idem::mock_upstream::Behaviour;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -291,7 +292,16 @@ async fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
 async fn the_request_log_file_has_one_line_per_request_and_no_secrets() {
     let dir = temp_dir();
     let path = dir.join("requests.jsonl");
-    let gw = gateway_logging_to(&path, false).await;
+    // Calls of 5 ms at least, so that the job path's call duration (kept
+    // in milliseconds with its attempt) shows.
+    let spec = Spec {
+        primary: Behaviour {
+            latency_ms: 5,
+            ..Behaviour::default()
+        },
+        ..Spec::default()
+    };
+    let gw = gateway_logging_with(&spec, &path, false).await;
     let c = client();
     let chat = |key: &'static str, body: Value, idem_key: Option<&'static str>| {
         let mut r = c
@@ -336,6 +346,8 @@ async fn the_request_log_file_has_one_line_per_request_and_no_secrets() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let job_id = r.headers()["idem-job-id"].to_str().unwrap().to_string();
+    // Who answered a job: the attempt's provider, not the job machinery.
+    assert_eq!(r.headers()["idem-provider"], "primary");
 
     let lines = log_lines(&path, 7).await;
     assert_eq!(lines.len(), 7);
@@ -399,6 +411,20 @@ async fn the_request_log_file_has_one_line_per_request_and_no_secrets() {
     assert_eq!(lines[6]["job"], job_id.as_str());
     assert_eq!(lines[6]["attempt"], 1);
     assert!(lines[0].get("job").is_none());
+    // Who answered: the provider and the model asked for there, on the
+    // plain path (the cache hits carry the leader's) and on the job path
+    // (the completing attempt's, with its call's duration); a job
+    // creation has no answer yet.
+    for i in [0, 1, 2, 3, 6] {
+        assert_eq!(lines[i]["provider"], "primary", "{}", lines[i]);
+        assert_eq!(lines[i]["model"], "gpt-4o-mini", "{}", lines[i]);
+    }
+    assert!(lines[4].get("provider").is_none(), "{}", lines[4]);
+    assert!(
+        lines[6]["upstream_ms"].as_f64().unwrap() >= 5.0,
+        "{}",
+        lines[6]
+    );
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(
         !text.contains(ACME) && !text.contains(BETA),

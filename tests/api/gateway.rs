@@ -907,3 +907,46 @@ async fn every_chat_request_is_counted_refusals_included() {
     assert_eq!(c["incoming_requests"], 14, "{all}");
     assert_eq!(c["rejected"], 8, "{all}");
 }
+
+/// An unknown model's 404 names the models the key may use on that
+/// endpoint, so that a typo is fixed from the error alone.
+#[tokio::test]
+async fn an_unknown_model_lists_the_models_to_use_instead() {
+    let app = TestApp::with(Spec {
+        extra: "[[routes]]\nmodel = \"embed\"\nendpoints = [\"embeddings\"]\n\
+                targets = [{ provider = \"primary\", model = \"text-embedding-3-small\" }]\n"
+            .into(),
+        ..Spec::default()
+    })
+    .await;
+    let message = |v: &Value| v["error"]["message"].as_str().unwrap().to_string();
+    let r = app
+        .post_json(
+            ACME,
+            "/v1/chat/completions",
+            &json!({"model": "bto", "messages": [{"role": "user", "content": "x"}]}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "model_not_found");
+    assert_eq!(
+        message(&v),
+        "model `bto` does not exist; this key may use `bot`"
+    );
+    let r = app
+        .post_json(
+            ACME,
+            "/v1/embeddings",
+            &json!({"model": "embd", "input": "x"}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        message(&v),
+        "model `embd` does not exist; this key may use `embed`"
+    );
+}

@@ -631,6 +631,23 @@ async fn a_failed_primary_fails_over_to_the_next_target_as_attempt_2() {
     assert_eq!(j["attempts"][0]["state"], "failed");
     assert_eq!(j["attempts"][1]["provider"], "fallback");
     assert_eq!(j["attempts"][1]["model"], "llama-3.1-8b");
+    // On chat completions with a key, the job's answer names the target
+    // that gave it (attempt 2's), not the route's first; so does its
+    // replay.
+    for replayed in [false, true] {
+        let r = app
+            .post_json(
+                ACME,
+                "/v1/chat/completions",
+                &chat_body("fail over on chat"),
+                &[("idempotency-key", "fo-2")],
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers().contains_key("idempotent-replayed"), replayed);
+        assert_eq!(r.headers()["idem-attempt"], "2");
+        assert_eq!(r.headers()["idem-provider"], "fallback");
+    }
 }
 
 #[tokio::test]
