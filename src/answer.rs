@@ -136,6 +136,26 @@ pub struct Answer {
     pub rendered: Rendered,
 }
 
+#[cfg(test)]
+impl Answer {
+    /// A plain 200 answer from `provider`'s `model`, for tests.
+    pub fn test_ok(provider: &str, model: &str) -> Answer {
+        Answer {
+            status: StatusCode::OK,
+            form: Form::Plain,
+            body: Bytes::from_static(b"{}"),
+            retry_after: None,
+            failure: None,
+            provider: provider.into(),
+            model: model.into(),
+            created_at: SystemTime::now(),
+            upstream_latency: Duration::from_millis(5),
+            cache_ttl: None,
+            rendered: Default::default(),
+        }
+    }
+}
+
 /// Lazily rendered forms of an answer's body.
 #[derive(Debug, Clone, Default)]
 pub struct Rendered {

@@ -312,7 +312,10 @@ mod tests {
         )
         .job("01J-job", Some(2));
         job.latency = Duration::from_micros(12_345);
-        for entry in [chat, job] {
+        let answer = crate::answer::Answer::test_ok("primary", "gpt-4o-mini");
+        let answered = Entry::new("acme", "bot", &fp, "leader", 200, Instant::now())
+            .answer(Some(&answer));
+        for entry in [chat, job, answered] {
             captured.0.lock().unwrap().clear();
             let line = Line::new(&entry, false);
             tracing::dispatcher::with_default(&dispatch, || crate::reqlog::event(&line));

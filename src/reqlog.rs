@@ -445,19 +445,7 @@ mod tests {
     #[test]
     fn an_answered_request_names_its_provider_and_model() {
         let fp = Fingerprint::from_bytes([2; 32]);
-        let answer = Answer {
-            status: reqwest::StatusCode::OK,
-            form: crate::answer::Form::Plain,
-            body: bytes::Bytes::from_static(b"{}"),
-            retry_after: None,
-            failure: None,
-            provider: "primary".into(),
-            model: "gpt-4o-mini".into(),
-            created_at: SystemTime::now(),
-            upstream_latency: Duration::from_millis(5),
-            cache_ttl: None,
-            rendered: Default::default(),
-        };
+        let answer = Answer::test_ok("primary", "gpt-4o-mini");
         let e =
             Entry::new("acme", "bot", &fp, "follower", 200, Instant::now()).answer(Some(&answer));
         let v = serde_json::to_value(Line::new(&e, false)).unwrap();
