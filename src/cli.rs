@@ -69,13 +69,7 @@ pub fn init_logging_with(format: &str, requests: bool) -> LogGuard {
         }
         installed
     } else {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_span_events(FmtSpan::NONE)
-            .with_ansi(std::io::stdout().is_terminal())
-            .with_writer(writer)
-            .compact()
-            .try_init()
+        text_subscriber(filter, writer, std::io::stdout().is_terminal()).try_init()
     };
     // Only the first subscriber installed in a process keeps its writer.
     match installed {
@@ -113,6 +107,30 @@ where
         .json()
         .flatten_event(true)
         .with_current_span(false)
+}
+
+/// The text process log (`log.format = "text"`, the default): one line
+/// per event, `<timestamp> <LEVEL> <target>: key=value ...`, which
+/// `idem analyze` reads back (`analyze::text`).
+pub fn text_subscriber<W>(
+    filter: EnvFilter,
+    writer: W,
+    ansi: bool,
+) -> tracing_subscriber::fmt::SubscriberBuilder<
+    tracing_subscriber::fmt::format::DefaultFields,
+    tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Compact>,
+    EnvFilter,
+    W,
+>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_span_events(FmtSpan::NONE)
+        .with_ansi(ansi)
+        .with_writer(writer)
+        .compact()
 }
 
 /// `idem serve`.
@@ -313,8 +331,8 @@ mod tests {
         .job("01J-job", Some(2));
         job.latency = Duration::from_micros(12_345);
         let answer = crate::answer::Answer::test_ok("primary", "gpt-4o-mini");
-        let answered = Entry::new("acme", "bot", &fp, "leader", 200, Instant::now())
-            .answer(Some(&answer));
+        let answered =
+            Entry::new("acme", "bot", &fp, "leader", 200, Instant::now()).answer(Some(&answer));
         for entry in [chat, job, answered] {
             captured.0.lock().unwrap().clear();
             let line = Line::new(&entry, false);

@@ -18,6 +18,7 @@ use serde::de::{self, Deserializer, IgnoredAny, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::text::TextLine;
 use crate::config::{Config, Normalize, RouteConfig, Scope};
 use crate::fingerprint::{self, Fingerprint, Rules};
 
@@ -61,7 +62,7 @@ pub struct Counts {
     pub raw_bodies: u64,
     /// JSON lines that are neither (other log events).
     pub other_lines: u64,
-    /// Lines that are not JSON objects (for example a text-format log).
+    /// Lines that are neither JSON objects nor lines of the text log.
     pub unreadable_lines: u64,
     /// Request lines of another route than `--route`.
     pub other_routes: u64,
@@ -324,6 +325,23 @@ impl Collector {
             return;
         }
         self.counts.lines += 1;
+        // The default log's text form: its request lines, as JSON.
+        if line.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            match super::text::parse(line) {
+                Some(TextLine::Request(fields)) => match serde_json::to_vec(&fields) {
+                    Ok(json) => self.json_line(&json),
+                    Err(_) => self.counts.unreadable_lines += 1,
+                },
+                Some(TextLine::Other) => self.counts.other_lines += 1,
+                None => self.json_line(line),
+            }
+            return;
+        }
+        self.json_line(line);
+    }
+
+    /// One line of JSON (or what should be).
+    fn json_line(&mut self, line: &[u8]) {
         match serde_json::from_slice::<Probe>(line) {
             Ok(p) if p.fingerprint.is_some() => self.log_line(p),
             Ok(p) if p.messages.is_some() => self.raw_line(line),
@@ -543,17 +561,19 @@ mod tests {
         c.line(
             br#"{"timestamp":"2025-01-01T00:00:00Z","level":"INFO","message":"idem listening"}"#,
         );
+        // The text log's own lines are other lines; anything else unreadable.
         c.line(b"2025-01-01T00:00:00Z INFO idem listening");
+        c.line(b"not a log line");
         c.line(b"   \n");
         c.line(br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"time":1735689600}"#);
         c.line(br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"time":1735689601}"#);
         // A field the probe reads with another type: read whole, and (an
         // unknown field) part of the fingerprint.
         c.line(br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"status":"x"}"#);
-        assert_eq!(c.counts.lines, 6);
+        assert_eq!(c.counts.lines, 7);
         assert_eq!(c.counts.log_lines, 1);
         assert_eq!(c.counts.raw_bodies, 3);
-        assert_eq!(c.counts.other_lines, 1);
+        assert_eq!(c.counts.other_lines, 2);
         assert_eq!(c.counts.unreadable_lines, 1);
         assert_eq!(c.counts.untimed, 1);
         assert_eq!(c.groups.len(), 3, "the first two raw bodies are one task");

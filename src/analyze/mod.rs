@@ -13,6 +13,7 @@
 pub mod input;
 pub mod report;
 pub mod simulate;
+pub mod text;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
@@ -83,6 +84,15 @@ pub enum AnalyzeError {
     },
     #[error("cannot write the report: {0}")]
     Write(std::io::Error),
+    /// The report is written first; the exit status says it had nothing
+    /// to count.
+    #[error(
+        "no requests in {lines} lines of input: idem analyze reads idem's request log \
+         (JSON lines, or the text lines of the default log, `... idem::request: tenant=...`; \
+         `[log] requests = \"<file>\"` writes them to a file) or raw chat completion bodies, \
+         one JSON object with `messages` per line"
+    )]
+    NoRequests { lines: u64 },
 }
 
 /// What to analyse, and how.
@@ -218,5 +228,11 @@ pub fn run(args: AnalyzeArgs) -> Result<(), AnalyzeError> {
     } else {
         out.write_all(report.text().as_bytes())
     };
-    written.map_err(AnalyzeError::Write)
+    written.map_err(AnalyzeError::Write)?;
+    if report.requests == 0 {
+        return Err(AnalyzeError::NoRequests {
+            lines: report.lines.lines,
+        });
+    }
+    Ok(())
 }

@@ -495,15 +495,15 @@ impl Report {
         if l.other_lines + l.unreadable_lines + l.other_routes > 0 {
             let _ = writeln!(
                 o,
-                "  skipped: {} other JSON lines, {} lines that are not JSON objects, {} lines of other routes",
+                "  skipped: {} other lines (not requests), {} unreadable lines, {} lines of other routes",
                 l.other_lines, l.unreadable_lines, l.other_routes
             );
         }
         if self.requests == 0 && l.unreadable_lines > 0 {
             let _ = writeln!(
                 o,
-                "  no requests found: a request log must be JSON lines \
-                 ([log] format = \"json\", or [log] requests = a file path)"
+                "  no requests found: a request log is idem's JSON or text request lines, \
+                 or raw chat completion bodies"
             );
         }
 

@@ -181,6 +181,69 @@ fn a_seeded_log_of_100k_requests_gives_exact_figures() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// What a gateway writes with the default log (text lines on stdout) is
+/// what `idem analyze` reads; an input without requests exits non-zero
+/// with the hint, after the report.
+#[tokio::test]
+async fn analyze_reads_the_default_text_log_and_refuses_an_input_without_requests() {
+    let mocks = start_mocks(&Spec::default()).await;
+    let (mut proc, dir) =
+        Proc::start_default_with(&mocks, |_| vec![("IDEM_LOG__FORMAT", "text".to_string())]).await;
+    // A leader and two cache hits, then another task.
+    for content in ["same", "same", "same", "other"] {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", proc.base))
+            .bearer_auth(ACME)
+            .json(&chat_body(content))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    proc.signal("TERM");
+    let _ = tokio::time::timeout(Duration::from_secs(10), proc.child.wait()).await;
+    let log = proc.drain().join("\n");
+    assert!(
+        log.contains(" INFO idem::request: ") && !log.contains("{\""),
+        "not the text log: {log}"
+    );
+    let path = dir.join("stdout.log");
+    std::fs::write(&path, &log).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["analyze", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests"], 4, "{v}");
+    assert_eq!(v["lines"]["log_lines"], 4, "{v}");
+    assert_eq!(v["distinct_tasks"], 2, "{v}");
+    assert_eq!(v["duplicates"], 2, "{v}");
+    assert_eq!(v["observed"]["outcomes"]["cache-hit"], 2, "{v}");
+    // The process's own lines are counted as other lines, not unreadable.
+    assert_eq!(v["lines"]["unreadable_lines"], 0, "{v}");
+
+    // Only the process's own lines: nothing to count.
+    let others: Vec<&str> = log
+        .lines()
+        .filter(|l| !l.contains("idem::request"))
+        .collect();
+    assert!(!others.is_empty());
+    std::fs::write(&path, others.join("\n")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("analyze")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no requests in"), "{err}");
+    assert!(err.contains("idem::request"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Duplicates"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn raw_bodies_without_times_report_time_figures_as_unavailable() {
     let dir = temp_dir();

@@ -640,6 +640,10 @@ impl Proc {
                 {
                     return v["addr"].as_str().unwrap().to_string();
                 }
+                // The text log (`log.format = "text"`).
+                if let Some((_, rest)) = line.split_once("idem listening addr=") {
+                    return rest.split(' ').next().unwrap().to_string();
+                }
             }
             panic!("idem exited before listening");
         })
