@@ -137,6 +137,9 @@ where
 pub async fn serve(config: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     let log = init_logging_with(&config.log.format, config.log.requests == "stdout");
+    for warning in config.warnings() {
+        tracing::warn!(source = %config.source, "{warning}");
+    }
     let app = App::build(config).await?;
     if let Some(dropped) = log.dropped_lines() {
         app.state().metrics.watch_log_drops("stdout", dropped);
@@ -160,6 +163,9 @@ pub fn check(config: Option<&Path>) -> anyhow::Result<()> {
     }
     for problem in crate::providers::key_problems(&config) {
         eprintln!("warning: {problem}: `idem serve` would not start in this environment");
+    }
+    for warning in config.warnings() {
+        eprintln!("warning: {warning}");
     }
     Ok(())
 }

@@ -24,6 +24,7 @@ mod coalescing;
 mod contracts;
 mod jobs;
 mod log;
+mod place;
 mod providers;
 mod routes;
 mod server;
@@ -94,11 +95,10 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The cause is in the message, not a `source` of its own, so that a
+    /// report that walks the chain says it once.
+    #[error("cannot read config file {path}: {error}")]
+    Read { path: String, error: std::io::Error },
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -148,9 +148,9 @@ impl Config {
     pub fn load_with_env(path: Option<&Path>, use_env: bool) -> Result<Config, ConfigError> {
         let (source, text) = match path {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::Read {
+                let text = std::fs::read_to_string(p).map_err(|error| ConfigError::Read {
                     path: p.display().to_string(),
-                    source: e,
+                    error,
                 })?;
                 (Source::File(p.to_path_buf()), text)
             }
@@ -168,12 +168,28 @@ impl Config {
         }
         let mut config: Config = fig.extract().map_err(|e| ConfigError::Parse {
             source_name: source.to_string(),
-            message: describe_figment_error(e),
+            message: describe_figment_error(e, text, &source, use_env),
         })?;
         config.source = source;
         config.resolve_relative_paths();
-        config.validate()?;
+        config
+            .validate()
+            .map_err(|e| e.placed(text, &config.source, use_env))?;
         Ok(config)
+    }
+
+    /// What is valid but probably not meant, for `idem check` and the
+    /// start-up log.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.routes.is_empty() {
+            out.push(
+                "the config has no [[routes]]: every request will be answered 404 \
+                 (`idem init` writes a starter config)"
+                    .to_string(),
+            );
+        }
+        out
     }
 
     /// Contract paths are relative to the config file's folder.
@@ -348,23 +364,87 @@ endpoints = ["embeddings"]
 targets = [{ provider = "openai", model = "text-embedding-3-small" }]
 "#;
 
-/// Figment's messages name the key and the source; keep them, on one line.
-fn describe_figment_error(e: figment::Error) -> String {
+/// Figment's messages, one per problem, on one line: each names its key
+/// as idem writes keys, where it was set (the environment variable, or the
+/// line and column in the file), a "did you mean" for a misspelt key and
+/// the accepted form of a duration.
+fn describe_figment_error(e: figment::Error, text: &str, source: &Source, use_env: bool) -> String {
+    use figment::error::Kind;
     e.into_iter()
         .map(|err| {
-            let key = if err.path.is_empty() {
+            let key = place::key_path(&err.path);
+            let from_env = err
+                .metadata
+                .as_ref()
+                .is_some_and(|m| m.name.contains("environment"));
+            let at = if from_env && use_env {
+                place::env_override(&key).map(|v| format!("{v}: "))
+            } else {
+                place_in_file(text, source, &key).map(|p| format!("{p}: "))
+            };
+            let key = if key.is_empty() {
                 String::new()
             } else {
-                format!("`{}`: ", err.path.join("."))
+                format!("`{key}`: ")
             };
-            let from = match &err.metadata {
-                Some(m) if m.name.contains("environment") => format!(" (from {})", m.name),
-                _ => String::new(),
+            let message = match &err.kind {
+                Kind::UnknownField(field, expected) => {
+                    let hint = place::did_you_mean(field, expected)
+                        .map(|m| format!("; did you mean `{m}`?"))
+                        .unwrap_or_default();
+                    format!(
+                        "unknown key `{field}`{hint} (the keys here: {})",
+                        expected.join(", ")
+                    )
+                }
+                Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected)
+                    if expected == "a duration" =>
+                {
+                    format!("found {actual}, expected {}", place::DURATION_FORMS)
+                }
+                kind => kind.to_string(),
             };
-            format!("{key}{}{from}", err.kind)
+            format!("{}{key}{message}", at.unwrap_or_default())
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// `line L, column C` of `key` in a config file's text.
+fn place_in_file(text: &str, source: &Source, key: &str) -> Option<String> {
+    if !matches!(source, Source::File(_)) || key.is_empty() {
+        return None;
+    }
+    let (line, col) = place::locate(text, key)?;
+    Some(format!("line {line}, column {col}"))
+}
+
+impl ConfigError {
+    /// A check's error, placed: blamed on the environment variable that
+    /// set its key, else given the key's line and column in the file.
+    fn placed(self, text: &str, source: &Source, use_env: bool) -> ConfigError {
+        match self {
+            ConfigError::Invalid {
+                source_name,
+                key,
+                message,
+            } => {
+                let source_name = match use_env.then(|| place::env_override(&key)).flatten() {
+                    Some(var) => var,
+                    None => match place_in_file(text, source, &key) {
+                        Some(at) => format!("{source_name}: {at}"),
+                        None => source_name,
+                    },
+                };
+                ConfigError::Invalid {
+                    source_name,
+                    key,
+                    message,
+                }
+            }
+            other => other,
+        }
+    }
 }
 
 #[cfg(test)]

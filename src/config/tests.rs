@@ -353,3 +353,67 @@ fn the_provider_examples_are_valid_configurations() {
     }
     assert!(checked >= 7, "only {checked} examples");
 }
+
+/// Each class of config error says what to do: where (line and column,
+/// or the variable), the key as one path, a "did you mean", the form a
+/// duration takes.
+#[test]
+fn config_errors_say_where_and_what_to_write() {
+    // A misspelt key: its line, and the key meant.
+    let err = parse("[server]\nlisten = \"127.0.0.1:1\"\ntimout = \"30s\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("test.toml: line 3, column 1: `server.timout`: unknown key `timout`; did you mean `request_timeout`?"),
+        "{err}"
+    );
+    // A duration written as a number: the accepted forms.
+    let err = parse(
+        "[[providers]]\nname = \"p\"\nkind = \"mock\"\n[[routes]]\nmodel = \"m\"\n\
+         targets = [{ provider = \"p\", model = \"x\" }]\n[routes.cache]\nttl = 5\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err,
+        "test.toml: line 8, column 1: `routes[0].cache.ttl`: found signed int `5`, \
+         expected a duration: a number with a unit, such as \"30s\", \"500ms\", \"2m\" or \"1h\""
+    );
+    // A check after parsing: the key's line and column, arrays indexed.
+    let err = parse(
+        "[[providers]]\nname = \"p\"\nkind = \"mock\"\n[[routes]]\nmodel = \"m\"\n\
+         targets = [{ provider = \"p\", model = \"x\" }, { provider = \"q\", model = \"y\" }]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err,
+        "test.toml: line 6, column 47: `routes[0].targets[1].provider`: unknown provider \"q\" (known: p)"
+    );
+    // The embedded default has no lines to point at.
+    let err = Config::from_toml_str("[server]\nlisen = 1\n", Source::Embedded, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(
+            "<embedded default>: `server.lisen`: unknown key `lisen`; did you mean `listen`?"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_file_is_reported_once() {
+    let err = Config::load_with_env(Some(Path::new("/nonexistent/idem.toml")), false).unwrap_err();
+    let chain = format!("{:#}", anyhow::Error::from(err));
+    assert_eq!(chain.matches("No such file").count(), 1, "{chain}");
+    assert!(chain.contains("/nonexistent/idem.toml"), "{chain}");
+}
+
+#[test]
+fn a_config_without_routes_is_warned_about() {
+    assert_eq!(parse("[server]\n").unwrap().warnings().len(), 1);
+    assert!(parse("[server]\n").unwrap().warnings()[0].contains("no [[routes]]"));
+    let c = Config::from_toml_str(EMBEDDED_DEFAULT, Source::Embedded, false).unwrap();
+    assert_eq!(c.warnings(), Vec::<String>::new());
+}
