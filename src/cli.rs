@@ -170,6 +170,59 @@ pub fn check(config: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The starter configuration `idem init` writes (its tenant key is drawn
+/// at init).
+const STARTER: &str = include_str!("starter.toml");
+
+/// `idem init`: writes a commented starter configuration with a fresh
+/// tenant key, one that `idem check` passes; never over an existing file
+/// unless `force`.
+pub fn init(path: &Path, force: bool) -> anyhow::Result<()> {
+    use rand::Rng;
+    use std::io::Write;
+    let key = format!("sk-idem-{}", hex::encode(rand::rng().random::<[u8; 16]>()));
+    let text = STARTER.replace("__TENANT_KEY__", &key);
+    Config::from_toml_str(&text, crate::config::Source::File(path.into()), false)?;
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true);
+    if force {
+        open.create(true).truncate(true);
+    } else {
+        open.create_new(true);
+    }
+    // It holds a client key: readable by its owner only.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    let mut file = open.open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => anyhow::anyhow!(
+            "{} exists; not overwritten (`idem init --force` overwrites it)",
+            path.display()
+        ),
+        _ => anyhow::anyhow!("cannot write {}: {e}", path.display()),
+    })?;
+    file.write_all(text.as_bytes())?;
+    let p = path.display();
+    println!("wrote {p}: routes `chat` (OpenAI, then Anthropic) and `embeddings`");
+    println!("  tenant `default`, API key {key}");
+    println!("next:");
+    println!("  export OPENAI_API_KEY=... ANTHROPIC_API_KEY=...");
+    println!("  idem check --config {p}");
+    println!("  idem serve --config {p}");
+    Ok(())
+}
+
+/// `idem config`: the effective configuration (the defaults, the file and
+/// the `IDEM_*` variables merged) as TOML, its secrets redacted.
+pub fn print_config(config: Option<&Path>) -> anyhow::Result<()> {
+    let config = Config::load(config)?;
+    let text = toml::to_string(&config.redacted())?;
+    println!(
+        "# the effective configuration of {}: defaults, the file and IDEM_* variables merged; secrets redacted\n{text}",
+        config.source
+    );
+    Ok(())
+}
+
 /// `idem certify`: certifies a route's targets against its contract,
 /// prints the reports and records them; fails when any target fails.
 pub async fn certify(
@@ -360,5 +413,70 @@ mod tests {
             assert_eq!(keys(&d), keys(&f));
             assert_eq!(d, f);
         }
+    }
+
+    /// `idem init` writes a starter config that passes the checks, with a
+    /// fresh key, readable by its owner only, and never over a file unless
+    /// forced.
+    #[test]
+    fn init_writes_a_starter_that_checks_and_keeps_what_exists() {
+        let dir = std::env::temp_dir().join(format!("idem-init-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("idem.toml");
+        init(&path, false).unwrap();
+        let first = std::fs::read_to_string(&path).unwrap();
+        let config = Config::load_with_env(Some(&path), false).unwrap();
+        assert!(config.warnings().is_empty());
+        assert_eq!(config.routes[0].targets.len(), 2, "a route with a fallback");
+        let key = &config.tenants[0].api_keys[0];
+        assert!(key.starts_with("sk-idem-") && key.len() > 30, "{key}");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let err = init(&path, false).unwrap_err().to_string();
+        assert!(err.contains("exists") && err.contains("--force"), "{err}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), first);
+        init(&path, true).unwrap();
+        let again = Config::load_with_env(Some(&path), false).unwrap();
+        assert_ne!(
+            &again.tenants[0].api_keys[0], key,
+            "each init draws its key"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `idem config` shows the merged configuration, which loads back as
+    /// the same configuration, without its secrets.
+    #[test]
+    fn the_effective_config_loads_back_without_its_secrets() {
+        let text = STARTER.replace("__TENANT_KEY__", "sk-tenant-secret-1")
+            + &format!(
+                "[admin]\napi_keys = [\"sk-admin-secret-1\", \"sha256:{}\"]\n",
+                "ab".repeat(32)
+            );
+        let text = text.replace(
+            "url = \"sqlite://idem.db\"",
+            "url = \"postgres://idem:db-secret@127.0.0.1:5432/idem\"",
+        );
+        let config = Config::from_toml_str(&text, crate::config::Source::Embedded, false).unwrap();
+        let shown = toml::to_string(&config.redacted()).unwrap();
+        for secret in ["sk-tenant-secret-1", "sk-admin-secret-1", "db-secret"] {
+            assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
+        }
+        assert!(
+            shown.contains(&format!("sha256:{}", "ab".repeat(32))),
+            "{shown}"
+        );
+        let back = Config::from_toml_str(&shown, crate::config::Source::Embedded, false).unwrap();
+        assert_eq!(back.routes.len(), config.routes.len());
+        assert_eq!(back.server.request_timeout, config.server.request_timeout);
+        assert_eq!(
+            toml::to_string(&back).unwrap(),
+            shown,
+            "what is shown loads back as itself"
+        );
     }
 }

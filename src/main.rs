@@ -39,6 +39,21 @@ enum Command {
     HashKey { key: String },
     /// Duplicates, saved calls, and a TTL and wait window, from a request log.
     Analyze(idem::analyze::AnalyzeArgs),
+    /// Write a commented starter configuration (with a fresh tenant key).
+    Init {
+        /// Where to write it.
+        #[arg(default_value = "idem.toml")]
+        file: PathBuf,
+        /// Overwrite an existing file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print the effective configuration (defaults, file and environment
+    /// merged), secrets redacted.
+    Config {
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Check a configuration file and print its routes.
     Check {
         #[arg(long, env = "IDEM_CONFIG")]
@@ -87,6 +102,8 @@ fn main() -> ExitCode {
                 println!("{}", idem::tenants::hashed_key(&key));
                 Ok(())
             }
+            Command::Init { file, force } => idem::cli::init(&file, force),
+            Command::Config { config } => idem::cli::print_config(config.as_deref()),
             Command::Check { config } => idem::cli::check(config.as_deref()),
             Command::Certify {
                 route,

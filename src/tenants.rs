@@ -170,11 +170,7 @@ fn digest_of_config_key(key: &str) -> Option<[u8; 32]> {
     Some(Sha256::digest(key.as_bytes()).into())
 }
 
-/// The `sha256:<hex>` form of a key, for operators who do not want plain keys
-/// in their config (`idem hash-key`).
-pub fn hashed_key(plain: &str) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(plain.as_bytes())))
-}
+pub use crate::config::hashed_key;
 
 #[cfg(test)]
 mod tests {

@@ -47,7 +47,7 @@ pub use routes::{
 };
 pub use server::{MaxConnections, ServerConfig};
 pub use storage::StorageConfig;
-pub use tenants::{RateLimitConfig, TenantConfig};
+pub use tenants::{RateLimitConfig, TenantConfig, hashed_key};
 
 /// The configuration used when no file is given (docs/configuration.md).
 pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
@@ -79,6 +79,9 @@ impl Source {
         }
     }
 }
+
+/// What [`Config::redacted`] writes in place of a secret.
+pub const REDACTED: &str = "<redacted>";
 
 /// A configuration that could not be loaded; the message names the file and
 /// the key.
@@ -176,6 +179,29 @@ impl Config {
             .validate()
             .map_err(|e| e.placed(text, &config.source, use_env))?;
         Ok(config)
+    }
+
+    /// The configuration with its secrets replaced, to be shown: client
+    /// keys by their `sha256:` forms (which admit the same clients, so
+    /// that what is shown loads back as the same configuration) and the
+    /// passwords in storage and Redis URLs by a marker. Provider keys are
+    /// never here, only the names of the variables that hold them.
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        let hide = |keys: &mut Vec<String>| {
+            for k in keys.iter_mut() {
+                if !k.starts_with("sha256:") {
+                    *k = hashed_key(k);
+                }
+            }
+        };
+        hide(&mut c.admin.api_keys);
+        for t in &mut c.tenants {
+            hide(&mut t.api_keys);
+        }
+        c.storage.url = place::without_password(&c.storage.url);
+        c.coalescing.backend = place::without_password(&c.coalescing.backend);
+        c
     }
 
     /// What is valid but probably not meant, for `idem check` and the

@@ -130,6 +130,28 @@ pub fn did_you_mean<'a>(field: &str, expected: &[&'a str]) -> Option<&'a str> {
         .map(|(_, c)| c)
 }
 
+/// A URL with the password of its user info (`scheme://user:password@`)
+/// replaced, for display.
+pub fn without_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end..];
+    let Some(at) = rest.rfind('@') else {
+        return url.to_string();
+    };
+    match rest[..at].find(':') {
+        Some(colon) => format!(
+            "{}{}:{}{}",
+            &url[..scheme_end],
+            &rest[..colon],
+            super::REDACTED,
+            &rest[at..]
+        ),
+        None => url.to_string(),
+    }
+}
+
 /// What serde calls a duration, with the forms idem accepts.
 pub const DURATION_FORMS: &str =
     "a duration: a number with a unit, such as \"30s\", \"500ms\", \"2m\" or \"1h\"";
@@ -179,6 +201,24 @@ mod tests {
             Some("max_body_bytes")
         );
         assert_eq!(did_you_mean("colour", &server), None);
+    }
+
+    #[test]
+    fn passwords_leave_urls() {
+        assert_eq!(
+            without_password("postgres://idem:s3cret@db:5432/idem"),
+            "postgres://idem:<redacted>@db:5432/idem"
+        );
+        assert_eq!(
+            without_password("redis://:s3cret@127.0.0.1:6379"),
+            "redis://:<redacted>@127.0.0.1:6379"
+        );
+        assert_eq!(without_password("sqlite://idem.db"), "sqlite://idem.db");
+        assert_eq!(without_password("memory"), "memory");
+        assert_eq!(
+            without_password("postgres://idem@db/idem"),
+            "postgres://idem@db/idem"
+        );
     }
 
     #[test]

@@ -79,6 +79,14 @@ impl RateLimitConfig {
     }
 }
 
+/// The `sha256:<hex>` form of a key, for operators who do not want plain keys
+/// in their config (`idem hash-key`), and for showing a config
+/// (`idem config`): it admits the same clients and reveals no key.
+pub fn hashed_key(plain: &str) -> String {
+    use sha2::{Digest, Sha256};
+    format!("sha256:{}", hex::encode(Sha256::digest(plain.as_bytes())))
+}
+
 /// Why an API key (the admin's or a tenant's) is refused: a key is plain
 /// printable ASCII of 8 characters or more, or `sha256:` and 64 hex digits.
 pub(super) fn check_key(key: &str) -> Result<(), String> {
