@@ -609,11 +609,21 @@ impl Proc {
     /// Starts `idem serve` on `config` (listen must be port 0) and waits for
     /// its listening line.
     pub async fn start(config: &Path, envs: &[(&str, &str)]) -> Proc {
+        Proc::start_args(
+            &["serve".as_ref(), "--config".as_ref(), config.as_os_str()],
+            envs,
+        )
+        .await
+    }
+
+    /// Starts `idem` with these arguments (a `serve`), with `envs` set and
+    /// `OPENAI_API_KEY` and `IDEM_CONFIG` unset unless in `envs`, and waits
+    /// for its listening line.
+    pub async fn start_args(args: &[&std::ffi::OsStr], envs: &[(&str, &str)]) -> Proc {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"));
-        cmd.arg("serve")
-            .arg("--config")
-            .arg(config)
+        cmd.args(args)
             .env_remove("IDEM_CONFIG")
+            .env_remove("OPENAI_API_KEY")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);

@@ -21,6 +21,7 @@ mod jobs;
 mod ops;
 mod provenance;
 mod providers;
+mod readme;
 mod redis_cluster;
 mod redis_outage;
 mod rendering;
