@@ -30,7 +30,16 @@ pub fn parse(line: &[u8]) -> Option<TextLine> {
     if !matches!(level, "TRACE" | "DEBUG" | "INFO" | "WARN" | "ERROR") {
         return None;
     }
-    match rest.strip_prefix(TARGET).and_then(|r| r.strip_prefix(": ")) {
+    // With spans enabled (`IDEM_LOG=debug`), their names come between the
+    // level and the target (and their fields after the event's).
+    let marker = format!("{TARGET}: ");
+    let pairs = match rest.strip_prefix(&marker) {
+        Some(pairs) => Some(pairs),
+        None => rest
+            .find(&format!(" {marker}"))
+            .map(|at| &rest[at + 1 + marker.len()..]),
+    };
+    match pairs {
         Some(pairs) => fields(pairs).map(TextLine::Request),
         None => Some(TextLine::Other),
     }
@@ -155,6 +164,18 @@ mod tests {
                 "completion_tokens": 0,
             })
         );
+    }
+
+    #[test]
+    fn a_request_line_inside_spans_is_read() {
+        // As the compact formatter writes it: the span's name before the
+        // target, its fields after the event's.
+        let line = br#"2026-12-02T12:20:13.001691Z  INFO request: idem::request: tenant="acme" fingerprint=v1:09 outcome="leader" status=200 method="POST" uri="/v1/chat/completions""#;
+        let Some(TextLine::Request(fields)) = parse(line) else {
+            panic!("not read as a request line")
+        };
+        assert_eq!(fields["tenant"], "acme");
+        assert_eq!(fields["status"], 200);
     }
 
     #[test]
