@@ -40,7 +40,8 @@ FROM ${BASE} AS runtime-base
 # ca-certificates for the providers' HTTPS; curl for the HEALTHCHECK.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates curl \
- && rm -rf /var/lib/apt/lists/* \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && groupadd --gid 10001 idem \
  && useradd --uid 10001 --gid idem --home-dir /var/lib/idem --no-create-home \
       --shell /usr/sbin/nologin idem \
