@@ -28,7 +28,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked \
+# target/ holds at most the binary runtime-prebuilt would copy (see
+# .dockerignore): never let it stand in for this build's.
+RUN rm -rf target \
+ && cargo build --release --locked \
  && install -D -m 0755 target/release/idem /out/idem
 
 # ---- prebuilt: a binary built outside (target/release/idem) -----------------
