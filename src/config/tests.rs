@@ -354,6 +354,19 @@ fn the_provider_examples_are_valid_configurations() {
     assert!(checked >= 7, "only {checked} examples");
 }
 
+/// The compose file's configuration (deploy/idem.toml) loads with the
+/// overrides compose.yaml sets.
+#[test]
+fn the_compose_configuration_is_valid() {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/idem.toml"),
+    )
+    .unwrap();
+    let config = parse(&text).unwrap();
+    assert!(!config.routes.is_empty() && !config.tenants.is_empty());
+    assert!(config.warnings().is_empty());
+}
+
 /// Each class of config error says what to do: where (line and column,
 /// or the variable), the key as one path, a "did you mean", the form a
 /// duration takes.
