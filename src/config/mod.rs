@@ -428,6 +428,13 @@ fn describe_figment_error(e: figment::Error, text: &str, source: &Source, use_en
                 {
                     format!("found {actual}, expected {}", place::DURATION_FORMS)
                 }
+                // A key written where it does not belong is still a key:
+                // not repeated in the message.
+                Kind::InvalidType(_, expected) | Kind::InvalidValue(_, expected)
+                    if key.contains("api_keys") =>
+                {
+                    format!("expected {expected}")
+                }
                 kind => kind.to_string(),
             };
             format!("{}{key}{message}", at.unwrap_or_default())

@@ -41,7 +41,17 @@ fn env_override_in(vars: impl Iterator<Item = (String, String)>, key: &str) -> O
                     || key.starts_with(&format!("{set}["))
             })
         })
-        .map(|(name, value)| format!("{name}={value}"))
+        .map(|(name, value)| format!("{name}={}", shown_value(key, &value)))
+}
+
+/// An override's value as an error may show it: never a client key, and
+/// a URL without its password.
+fn shown_value(key: &str, value: &str) -> String {
+    if key.contains("api_keys") {
+        super::REDACTED.to_string()
+    } else {
+        without_password(value)
+    }
 }
 
 /// `line:column` (both from 1) of `key` in the TOML `text`: where the key
@@ -235,6 +245,28 @@ mod tests {
             Some("IDEM_SERVER__LISTEN=notanaddr")
         );
         assert_eq!(env_override_in(vars(), "server.listener"), None);
+        // Secrets stay out of the message.
+        let secret = || {
+            [
+                (
+                    "IDEM_ADMIN__API_KEYS".to_string(),
+                    "[\"short\"]".to_string(),
+                ),
+                (
+                    "IDEM_STORAGE__URL".to_string(),
+                    "postgres://u:pw@h/db".to_string(),
+                ),
+            ]
+            .into_iter()
+        };
+        assert_eq!(
+            env_override_in(secret(), "admin.api_keys[0]").as_deref(),
+            Some("IDEM_ADMIN__API_KEYS=<redacted>")
+        );
+        assert_eq!(
+            env_override_in(secret(), "storage.url").as_deref(),
+            Some("IDEM_STORAGE__URL=postgres://u:<redacted>@h/db")
+        );
         assert_eq!(env_override_in(vars(), "config"), None);
     }
 }

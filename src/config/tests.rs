@@ -416,6 +416,15 @@ fn config_errors_say_where_and_what_to_write() {
 }
 
 #[test]
+fn a_misplaced_key_is_not_repeated_in_the_error() {
+    let err = parse("[admin]\napi_keys = \"sk-admin-secret-1\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`admin.api_keys`: expected"), "{err}");
+    assert!(!err.contains("sk-admin-secret-1"), "{err}");
+}
+
+#[test]
 fn a_missing_file_is_reported_once() {
     let err = Config::load_with_env(Some(Path::new("/nonexistent/idem.toml")), false).unwrap_err();
     let chain = format!("{:#}", anyhow::Error::from(err));
