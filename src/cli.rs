@@ -200,6 +200,12 @@ pub fn init(path: &Path, force: bool) -> anyhow::Result<()> {
         ),
         _ => anyhow::anyhow!("cannot write {}: {e}", path.display()),
     })?;
+    // An existing file overwritten keeps its mode: set it.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
     file.write_all(text.as_bytes())?;
     let p = path.display();
     println!("wrote {p}: routes `chat` (OpenAI, then Anthropic) and `embeddings`");
@@ -439,7 +445,18 @@ mod tests {
         let err = init(&path, false).unwrap_err().to_string();
         assert!(err.contains("exists") && err.contains("--force"), "{err}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), first);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
         init(&path, true).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "forced over a 0644 file");
+        }
         let again = Config::load_with_env(Some(&path), false).unwrap();
         assert_ne!(
             &again.tenants[0].api_keys[0], key,
