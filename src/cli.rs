@@ -9,7 +9,8 @@ use anyhow::Context;
 
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::FmtSpan;
+use tracing_subscriber::fmt::format::{Compact, DefaultFields, FmtSpan, Format, Json, JsonFields};
+use tracing_subscriber::fmt::{MakeWriter, SubscriberBuilder};
 
 use crate::app::{App, shutdown_signal};
 use crate::config::Config;
@@ -84,6 +85,21 @@ pub fn init_logging_with(format: &str, requests: bool) -> LogGuard {
     }
 }
 
+/// The process log's common settings: the filter, no span events, the
+/// writer; each format adds its own.
+fn subscriber<W>(
+    filter: EnvFilter,
+    writer: W,
+) -> SubscriberBuilder<DefaultFields, Format, EnvFilter, W>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_span_events(FmtSpan::NONE)
+        .with_writer(writer)
+}
+
 /// The JSON process log: one object per event, its fields flattened
 /// beside `timestamp`, `level` and `target`. Request lines take a shorter
 /// way to the same writer in the same form
@@ -91,19 +107,11 @@ pub fn init_logging_with(format: &str, requests: bool) -> LogGuard {
 pub fn json_subscriber<W>(
     filter: EnvFilter,
     writer: W,
-) -> tracing_subscriber::fmt::SubscriberBuilder<
-    tracing_subscriber::fmt::format::JsonFields,
-    tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Json>,
-    EnvFilter,
-    W,
->
+) -> SubscriberBuilder<JsonFields, Format<Json>, EnvFilter, W>
 where
-    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_span_events(FmtSpan::NONE)
-        .with_writer(writer)
+    subscriber(filter, writer)
         .json()
         .flatten_event(true)
         .with_current_span(false)
@@ -116,21 +124,11 @@ pub fn text_subscriber<W>(
     filter: EnvFilter,
     writer: W,
     ansi: bool,
-) -> tracing_subscriber::fmt::SubscriberBuilder<
-    tracing_subscriber::fmt::format::DefaultFields,
-    tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Compact>,
-    EnvFilter,
-    W,
->
+) -> SubscriberBuilder<DefaultFields, Format<Compact>, EnvFilter, W>
 where
-    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_span_events(FmtSpan::NONE)
-        .with_ansi(ansi)
-        .with_writer(writer)
-        .compact()
+    subscriber(filter, writer).with_ansi(ansi).compact()
 }
 
 /// `idem serve`.
