@@ -22,13 +22,11 @@ use crate::flight::redis::RedisFlights;
 use crate::http::validate::Limits;
 use crate::http::{AppState, Shared, router};
 use crate::jobs::{Jobs, executor, reconciler};
+use crate::live::{Live, LiveConfig, Loader};
 use crate::metrics::Metrics;
-use crate::providers::Providers;
 use crate::reqlog::RequestLog;
-use crate::routes::Routes;
 use crate::store::sqlite::ServeLock;
 use crate::task::Core;
-use crate::tenants::Keyring;
 
 /// A gateway ready to serve.
 pub struct App {
@@ -65,10 +63,9 @@ impl App {
         let store = crate::store::connect(url, config.storage.max_connections)
             .await
             .with_context(|| format!("cannot open storage {}", redact(url)))?;
-        let providers = Providers::from_config(&config)?;
         let metrics = Arc::new(Metrics::new(&config));
-        let routes = Routes::from_config(&config, &providers, &metrics)?;
-        if let Err(e) = crate::certification::registry::refresh(&*store, &routes).await {
+        let live = Live::build(config.clone(), &metrics, None)?;
+        if let Err(e) = crate::certification::registry::refresh(&*store, &live.routes).await {
             tracing::warn!(error = %e, "cannot read certifications: no fallback counts as certified yet");
         }
         let cache = Arc::new(ResultCache::new(
@@ -85,8 +82,7 @@ impl App {
         if backend != SharedBackend::Memory {
             connect_shared(&config, backend, &coalescer, &metrics).await;
         }
-        let keyring = Keyring::from_config(&config);
-        if keyring.is_open() {
+        if live.keyring.is_open() {
             tracing::warn!(
                 "no [[tenants]] configured: every request is served as tenant \"{}\"",
                 crate::tenants::ANONYMOUS_TENANT
@@ -109,10 +105,7 @@ impl App {
             background: TaskTracker::new(),
         };
         let state = AppState(Arc::new(Shared {
-            config,
-            keyring,
-            routes,
-            providers,
+            live: LiveConfig::new(live),
             core,
             metrics,
             store,
@@ -138,6 +131,13 @@ impl App {
         &self.state
     }
 
+    /// Lets this gateway reload its configuration with `loader` (SIGHUP,
+    /// `POST /v1/admin/reload`).
+    pub fn reload_from(self, loader: Loader) -> App {
+        self.state.live.reload_from(loader);
+        self
+    }
+
     /// Serves until `shutdown` resolves, then stops accepting, lets requests
     /// in progress finish within `server.shutdown_grace`, and stops the
     /// workers. Attempts that cannot finish are left to the reconciler of
@@ -151,7 +151,9 @@ impl App {
             state,
             serve_lock,
         } = self;
-        let grace = state.config.server.shutdown_grace;
+        // The server's own settings never change in a reload.
+        let started = state.live.load().config.clone();
+        let grace = started.server.shutdown_grace;
         let stop = CancellationToken::new();
         // The workers, the reconciler, the registry and what requests leave
         // behind: one tracker, waited for within the grace.
@@ -162,17 +164,22 @@ impl App {
         executor::spawn(&env, &stop, &tracker);
         tracker.spawn(reconciler::run(env, stop.clone()));
         let (app, stop_refresh) = (state.clone(), stop.clone());
+        let started_refresh = started.contracts.refresh_interval;
         tracker.spawn(async move {
-            let every = app.config.contracts.refresh_interval;
-            crate::certification::registry::run(&*app.store, &app.routes, every, stop_refresh)
-                .await;
+            let every = started_refresh;
+            let routes = || app.live.load();
+            crate::certification::registry::run(&*app.store, routes, every, stop_refresh).await;
         });
 
+        if state.live.can_reload() {
+            tracker.spawn(reload_on_hangup(state.clone(), stop.clone()));
+        }
+
         let addr = listener.local_addr()?;
-        tracing::info!(%addr, source = %state.config.source, "idem listening");
+        tracing::info!(%addr, source = %started.source, "idem listening");
         let server_stop = stop.clone();
         let connections = state.metrics.connections.clone();
-        let bounds = crate::http::server::Bounds::from_config(&state.config.server);
+        let bounds = crate::http::server::Bounds::from_config(&started.server);
         let serve = crate::http::server::serve(
             listener,
             router(state.clone()),
@@ -298,6 +305,35 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+/// Reloads the configuration at each SIGHUP until `stop` (a refused
+/// reload is logged and counted by the reload itself).
+async fn reload_on_hangup(state: AppState, stop: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: reload with POST /v1/admin/reload");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                got = hangups.recv() => if got.is_none() { return },
+            }
+            tracing::info!("SIGHUP: reloading the configuration");
+            let _ = state.live.reload(&state.metrics, &*state.store).await;
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = state;
+        stop.cancelled().await;
     }
 }
 

@@ -132,13 +132,16 @@ where
 }
 
 /// `idem serve`.
-pub async fn serve(config: Option<&Path>) -> anyhow::Result<()> {
-    let config = Config::load(config)?;
+pub async fn serve(path: Option<&Path>) -> anyhow::Result<()> {
+    let config = Config::load(path)?;
     let log = init_logging_with(&config.log.format, config.log.requests == "stdout");
     for warning in config.warnings() {
         tracing::warn!(source = %config.source, "{warning}");
     }
-    let app = App::build(config).await?;
+    // A reload reads the same file, with the same environment.
+    let path = path.map(Path::to_path_buf);
+    let loader = move || Config::load(path.as_deref());
+    let app = App::build(config).await?.reload_from(Arc::new(loader));
     if let Some(dropped) = log.dropped_lines() {
         app.state().metrics.watch_log_drops("stdout", dropped);
     }

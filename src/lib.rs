@@ -28,7 +28,8 @@
 //!   running a contract's cases against targets, and the rule that sends
 //!   failover only to certified targets (the target walk).
 //!
-//! Around them: [`config`], [`metrics`], the request log ([`reqlog`]),
+//! Around them: [`config`] and [`live`] (the configuration in force, which
+//! a reload replaces whole), [`metrics`], the request log ([`reqlog`]),
 //! [`app`] (start-up and shutdown), [`cli`], the [`demo`], [`analyze`] (what
 //! a request log says about duplicates, TTL and wait window), and
 //! [`mock_upstream`], the test double for providers.
@@ -55,6 +56,7 @@ pub mod flight;
 pub mod http;
 pub mod jobs;
 pub mod lease;
+pub mod live;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod outcome;
@@ -84,6 +86,7 @@ mod layout {
         "flight",
         "jobs",
         "lease",
+        "live",
         "metrics",
         "outcome",
         "providers",

@@ -3,14 +3,16 @@
 //!
 //! Each [`App`](crate::app::App) owns its own Prometheus recorder (not the
 //! process-global one), so several gateways in one test process never mix
-//! their counts. Handles for every label set known at start-up (routes,
-//! outcomes, tenants) are registered once; the hot path only bumps atomics.
+//! their counts. Handles for every label set the configuration names (routes,
+//! outcomes, tenants) are registered at start-up, and for new names when a
+//! reload brings them; the hot path only bumps atomics.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use hdrhistogram::Histogram as Hdr;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
@@ -129,22 +131,30 @@ pub struct StatsView {
     pub saved_input_tokens: u64,
 }
 
+/// The handles of every route, tenant and provider a configuration of
+/// this gateway has named.
+#[derive(Default, Clone)]
+struct Named {
+    routes: HashMap<String, Arc<RouteHandles>>,
+    tenants: HashMap<String, Arc<TenantStats>>,
+    /// Per provider: 2xx answers that were no answer of their endpoint.
+    bad_answers: HashMap<String, Counter>,
+    /// Per provider: answers past its `max_answer_bytes`.
+    too_large: HashMap<String, Counter>,
+}
+
 /// All metrics of one gateway.
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
-    routes: HashMap<String, RouteHandles>,
+    /// The handles of the configuration's names (see [`Metrics::adopt`]).
+    named: ArcSwap<Named>,
     /// `idem_requests_total{route="-"}` by [`Refusal::index`].
     unrouted: [Counter; 5],
-    tenants: HashMap<String, Arc<TenantStats>>,
     /// Requests of no tenant (no or a wrong key, an admin key): in the
     /// gateway's figures, in no tenant's.
     unattributed: TenantStats,
     upstream: DashMap<(Arc<str>, u16), Counter>,
-    /// Per configured provider: 2xx answers that were no chat completion.
-    bad_answers: HashMap<String, Counter>,
-    /// Per configured provider: answers past its `max_answer_bytes`.
-    too_large: HashMap<String, Counter>,
     attempts: DashMap<(Arc<str>, &'static str), Counter>,
     pub inflight_flights: Gauge,
     pub jobs_unknown: Gauge,
@@ -152,6 +162,11 @@ pub struct Metrics {
     /// Passes of the job reconciler (`idem_reconciler_passes_total`).
     pub reconciler_passes: Counter,
     rate_limited: Counter,
+    /// Configuration reloads by result (`idem_config_reloads_total`), and
+    /// whether the last one succeeded.
+    reloads_ok: Counter,
+    reloads_refused: Counter,
+    last_reload_ok: Gauge,
     pub connections: ConnectionGauges,
     /// Log writers whose dropped lines `/metrics` reports, read at each
     /// scrape (the writer keeps its own count).
@@ -186,6 +201,30 @@ fn labels(pairs: &[(&'static str, &str)]) -> Vec<Label> {
         .collect()
 }
 
+/// A counter registered on `recorder` under `name` and `labels`.
+fn counter_on(
+    recorder: &PrometheusRecorder,
+    name: &'static str,
+    l: &[(&'static str, &str)],
+) -> Counter {
+    recorder.register_counter(&Key::from_parts(name, labels(l)), &meta())
+}
+
+fn meta() -> Metadata<'static> {
+    Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()))
+}
+
+/// `idem_requests_total{route, outcome}` of each [`Refusal`] on `route`.
+fn refused_on(recorder: &PrometheusRecorder, route: &str) -> [Counter; 5] {
+    Refusal::ALL.map(|why| {
+        counter_on(
+            recorder,
+            "idem_requests_total",
+            &[("route", route), ("outcome", why.as_str())],
+        )
+    })
+}
+
 impl Metrics {
     pub fn new(config: &Config) -> Metrics {
         let recorder = PrometheusBuilder::new()
@@ -196,88 +235,8 @@ impl Metrics {
             .map(|b| b.build_recorder())
             .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
         let handle = recorder.handle();
-        let meta = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
-        let counter = |name: &'static str, l: &[(&'static str, &str)]| {
-            recorder.register_counter(&Key::from_parts(name, labels(l)), &meta)
-        };
-        let refused = |r: &str| {
-            Refusal::ALL.map(|why| {
-                counter(
-                    "idem_requests_total",
-                    &[("route", r), ("outcome", why.as_str())],
-                )
-            })
-        };
-        let unrouted = refused(UNROUTED);
-        let mut routes = HashMap::new();
-        for route in &config.routes {
-            let r = route.model.as_str();
-            let requests = Outcome::ALL
-                .iter()
-                .map(|o| {
-                    (
-                        *o,
-                        counter(
-                            "idem_requests_total",
-                            &[("route", r), ("outcome", o.as_str())],
-                        ),
-                    )
-                })
-                .collect();
-            routes.insert(
-                route.model.clone(),
-                RouteHandles {
-                    requests,
-                    refused: refused(r),
-                    wait: recorder.register_histogram(
-                        &Key::from_parts("idem_coalesce_wait_seconds", labels(&[("route", r)])),
-                        &meta,
-                    ),
-                    wait_timeouts: counter("idem_coalesce_wait_timeouts_total", &[("route", r)]),
-                    leader_errors_shared: counter(
-                        "idem_leader_errors_shared_total",
-                        &[("route", r)],
-                    ),
-                    saved: counter("idem_saved_upstream_calls_total", &[("route", r)]),
-                    races: Tally::new(counter("idem_attempt_races_total", &[("route", r)])),
-                    failover_blocked: counter("idem_failover_blocked_total", &[("route", r)]),
-                    items: Outcome::ALL
-                        .iter()
-                        .filter(|o| **o != Outcome::Replay)
-                        .map(|o| {
-                            (
-                                *o,
-                                counter(
-                                    "idem_embedding_items_total",
-                                    &[("route", r), ("outcome", o.as_str())],
-                                ),
-                            )
-                        })
-                        .collect(),
-                    saved_input_tokens: counter(
-                        "idem_saved_tokens_total",
-                        &[("route", r), ("kind", "input")],
-                    ),
-                },
-            );
-        }
-        let mut tenants: HashMap<String, Arc<TenantStats>> = config
-            .tenants
-            .iter()
-            .map(|t| (t.name.clone(), Arc::new(TenantStats::default())))
-            .collect();
-        if config.tenants.is_empty() {
-            tenants.insert(ANONYMOUS_TENANT.into(), Arc::new(TenantStats::default()));
-        }
-        let per_provider = |name: &'static str| -> HashMap<String, Counter> {
-            config
-                .providers
-                .iter()
-                .map(|p| (p.name.clone(), counter(name, &[("provider", &p.name)])))
-                .collect()
-        };
-        let bad_answers = per_provider("idem_bad_upstream_answers_total");
-        let too_large = per_provider("idem_upstream_answers_too_large_total");
+        let meta = meta();
+        let unrouted = refused_on(&recorder, UNROUTED);
         let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &meta);
         let inflight_flights = gauge("idem_inflight_flights");
         let jobs_unknown = gauge("idem_jobs_unknown");
@@ -298,6 +257,18 @@ impl Metrics {
         };
         let shed = recorder.register_counter(&Key::from_name("idem_connections_shed_total"), &meta);
         shed.absolute(0);
+        let reloads = |result| {
+            let c = counter_on(
+                &recorder,
+                "idem_config_reloads_total",
+                &[("result", result)],
+            );
+            c.absolute(0);
+            c
+        };
+        let (reloads_ok, reloads_refused) = (reloads("ok"), reloads("refused"));
+        let last_reload_ok = gauge("idem_config_last_reload_successful");
+        last_reload_ok.set(1.0);
         let connections = ConnectionGauges {
             http1: connections_of("http1"),
             http2: connections_of("http2"),
@@ -306,24 +277,107 @@ impl Metrics {
         let m = Metrics {
             recorder,
             handle,
-            routes,
+            named: ArcSwap::from_pointee(Named::default()),
             unrouted,
-            tenants,
             unattributed: TenantStats::default(),
             upstream: DashMap::new(),
-            bad_answers,
-            too_large,
             attempts: DashMap::new(),
             inflight_flights,
             jobs_unknown,
             redis_errors,
             reconciler_passes,
             rate_limited,
+            reloads_ok,
+            reloads_refused,
+            last_reload_ok,
             connections,
             log_drops: Mutex::new(Vec::new()),
         };
         m.describe();
+        m.adopt(config);
         m
+    }
+
+    /// Registers the handles of the routes, tenants and providers of
+    /// `config` that have none yet: at start-up, and when a reload brings
+    /// new names. Handles are never removed: a route that a reload took
+    /// away keeps its counts.
+    pub fn adopt(&self, config: &Config) {
+        self.named.rcu(|named| {
+            let mut named = Named::clone(named);
+            for route in &config.routes {
+                named
+                    .routes
+                    .entry(route.model.clone())
+                    .or_insert_with(|| Arc::new(self.route_handles(&route.model)));
+            }
+            for t in &config.tenants {
+                named.tenants.entry(t.name.clone()).or_default();
+            }
+            if config.tenants.is_empty() {
+                named.tenants.entry(ANONYMOUS_TENANT.into()).or_default();
+            }
+            for p in &config.providers {
+                let name = p.name.as_str();
+                let per = |metric| counter_on(&self.recorder, metric, &[("provider", name)]);
+                named
+                    .bad_answers
+                    .entry(p.name.clone())
+                    .or_insert_with(|| per("idem_bad_upstream_answers_total"));
+                named
+                    .too_large
+                    .entry(p.name.clone())
+                    .or_insert_with(|| per("idem_upstream_answers_too_large_total"));
+            }
+            named
+        });
+    }
+
+    fn route_handles(&self, r: &str) -> RouteHandles {
+        let recorder = &self.recorder;
+        let counter = |name, l: &[(&'static str, &str)]| counter_on(recorder, name, l);
+        let requests = Outcome::ALL
+            .iter()
+            .map(|o| {
+                (
+                    *o,
+                    counter(
+                        "idem_requests_total",
+                        &[("route", r), ("outcome", o.as_str())],
+                    ),
+                )
+            })
+            .collect();
+        RouteHandles {
+            requests,
+            refused: refused_on(recorder, r),
+            wait: recorder.register_histogram(
+                &Key::from_parts("idem_coalesce_wait_seconds", labels(&[("route", r)])),
+                &meta(),
+            ),
+            wait_timeouts: counter("idem_coalesce_wait_timeouts_total", &[("route", r)]),
+            leader_errors_shared: counter("idem_leader_errors_shared_total", &[("route", r)]),
+            saved: counter("idem_saved_upstream_calls_total", &[("route", r)]),
+            races: Tally::new(counter("idem_attempt_races_total", &[("route", r)])),
+            failover_blocked: counter("idem_failover_blocked_total", &[("route", r)]),
+            items: Outcome::ALL
+                .iter()
+                .filter(|o| **o != Outcome::Replay)
+                .map(|o| {
+                    (
+                        *o,
+                        counter(
+                            "idem_embedding_items_total",
+                            &[("route", r), ("outcome", o.as_str())],
+                        ),
+                    )
+                })
+                .collect(),
+            saved_input_tokens: counter(
+                "idem_saved_tokens_total",
+                &[("route", r), ("kind", "input")],
+            ),
+        }
     }
 
     fn describe(&self) {
@@ -392,6 +446,10 @@ impl Metrics {
             "Requests refused with 429 by a tenant's rate limit.",
         );
         d(
+            "idem_config_reloads_total",
+            "Configuration reloads (SIGHUP, POST /v1/admin/reload) by result: ok, refused (the configuration in force stayed).",
+        );
+        d(
             "idem_connections_shed_total",
             "Client connections refused (503 and closed) because server.max_connections were open.",
         );
@@ -413,6 +471,11 @@ impl Metrics {
             "idem_http_connections".into(),
             None,
             "Open client connections by protocol (http1, http2), from their first bytes.".into(),
+        );
+        self.recorder.describe_gauge(
+            "idem_config_last_reload_successful".into(),
+            None,
+            "1 when the last configuration reload succeeded (or none was tried), 0 when it was refused.".into(),
         );
         self.recorder.describe_gauge(
             "idem_jobs_unknown".into(),
@@ -443,20 +506,17 @@ impl Metrics {
     /// a request wait when its queue is full).
     pub fn watch_log_drops(&self, sink: &'static str, dropped: ErrorCounter) {
         let key = Key::from_parts("idem_log_lines_dropped_total", labels(&[("sink", sink)]));
-        let counter = self.recorder.register_counter(&key, &self.meta());
+        let counter = self.recorder.register_counter(&key, &meta());
         counter.absolute(dropped.dropped_lines() as u64);
         if let Ok(mut watched) = self.log_drops.lock() {
             watched.push((counter, dropped));
         }
     }
 
-    fn tenant(&self, tenant: &str) -> Option<&Arc<TenantStats>> {
-        self.tenants.get(tenant)
-    }
-
     /// A request got its answer with this outcome.
     pub fn request(&self, tenant: &str, route: &str, outcome: Outcome) {
-        if let Some(r) = self.routes.get(route) {
+        let named = self.named.load();
+        if let Some(r) = named.routes.get(route) {
             if let Some(c) = r.requests.get(&outcome) {
                 c.increment(1);
             }
@@ -464,7 +524,7 @@ impl Metrics {
                 r.saved.increment(1);
             }
         }
-        if let Some(t) = self.tenant(tenant) {
+        if let Some(t) = named.tenants.get(tenant) {
             t.incoming.fetch_add(1, Ordering::Relaxed);
             t.by_outcome[outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
         }
@@ -474,12 +534,13 @@ impl Metrics {
     /// as they were known (a name that is no tenant's or no route's counts
     /// as unknown, so that no client chooses a label).
     pub fn refused(&self, tenant: Option<&str>, route: Option<&str>, why: Refusal) {
+        let named = self.named.load();
         let counters = route
-            .and_then(|r| self.routes.get(r))
+            .and_then(|r| named.routes.get(r))
             .map_or(&self.unrouted, |r| &r.refused);
         counters[why.index()].increment(1);
         let t = tenant
-            .and_then(|t| self.tenant(t))
+            .and_then(|t| named.tenants.get(t))
             .map_or(&self.unattributed, |t| &**t);
         t.incoming.fetch_add(1, Ordering::Relaxed);
         t.refused[why.index()].fetch_add(1, Ordering::Relaxed);
@@ -495,13 +556,14 @@ impl Metrics {
         by_outcome: &[(Outcome, u64)],
         saved_tokens: u64,
     ) {
+        let named = self.named.load();
         let sent: u64 = by_outcome
             .iter()
             .filter(|(o, _)| !o.saved_a_call())
             .map(|(_, n)| n)
             .sum();
         let all: u64 = by_outcome.iter().map(|(_, n)| n).sum();
-        if let Some(r) = self.routes.get(route) {
+        if let Some(r) = named.routes.get(route) {
             for (o, n) in by_outcome {
                 if let Some(c) = r.items.get(o) {
                     c.increment(*n);
@@ -509,7 +571,7 @@ impl Metrics {
             }
             r.saved_input_tokens.increment(saved_tokens);
         }
-        if let Some(t) = self.tenant(tenant) {
+        if let Some(t) = named.tenants.get(tenant) {
             t.items.fetch_add(all, Ordering::Relaxed);
             t.items_sent.fetch_add(sent, Ordering::Relaxed);
             t.saved_input_tokens
@@ -519,10 +581,11 @@ impl Metrics {
 
     /// A follower waited `waited` for its leader.
     pub fn wait(&self, tenant: &str, route: &str, waited: Duration) {
-        if let Some(r) = self.routes.get(route) {
+        let named = self.named.load();
+        if let Some(r) = named.routes.get(route) {
             r.wait.record(waited.as_secs_f64());
         }
-        if let Some(t) = self.tenant(tenant)
+        if let Some(t) = named.tenants.get(tenant)
             && let Ok(mut h) = t.waits_us.lock()
         {
             let hist = h.get_or_insert_with(new_hdr);
@@ -535,25 +598,28 @@ impl Metrics {
     }
 
     pub fn wait_timeout(&self, tenant: &str, route: &str) {
-        if let Some(r) = self.routes.get(route) {
+        let named = self.named.load();
+        if let Some(r) = named.routes.get(route) {
             r.wait_timeouts.increment(1);
         }
-        if let Some(t) = self.tenant(tenant) {
+        if let Some(t) = named.tenants.get(tenant) {
             t.wait_timeouts.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     pub fn leader_error_shared(&self, tenant: &str, route: &str) {
-        if let Some(r) = self.routes.get(route) {
+        let named = self.named.load();
+        if let Some(r) = named.routes.get(route) {
             r.leader_errors_shared.increment(1);
         }
-        if let Some(t) = self.tenant(tenant) {
+        if let Some(t) = named.tenants.get(tenant) {
             t.leader_errors_shared.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// One call went to a provider and ended with `status` (0: no answer).
     pub fn upstream_call(&self, tenant: &str, provider: &Arc<str>, status: u16) {
+        let named = self.named.load();
         let key = (provider.clone(), status);
         let counter = self
             .upstream
@@ -568,28 +634,28 @@ impl Metrics {
                     Label::new("provider", provider.to_string()),
                     Label::new("status", status_label),
                 ];
-                self.recorder.register_counter(
-                    &Key::from_parts("idem_upstream_calls_total", l),
-                    &self.meta(),
-                )
+                self.recorder
+                    .register_counter(&Key::from_parts("idem_upstream_calls_total", l), &meta())
             })
             .clone();
         counter.increment(1);
-        if let Some(t) = self.tenant(tenant) {
+        if let Some(t) = named.tenants.get(tenant) {
             t.upstream_calls.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// A provider's 2xx answer was not a chat completion.
     pub fn bad_upstream_answer(&self, provider: &str) {
-        if let Some(c) = self.bad_answers.get(provider) {
+        let named = self.named.load();
+        if let Some(c) = named.bad_answers.get(provider) {
             c.increment(1);
         }
     }
 
     /// A provider's answer grew past its `max_answer_bytes`.
     pub fn upstream_answer_too_large(&self, provider: &str) {
-        if let Some(c) = self.too_large.get(provider) {
+        let named = self.named.load();
+        if let Some(c) = named.too_large.get(provider) {
             c.increment(1);
         }
     }
@@ -604,14 +670,15 @@ impl Metrics {
                     Label::new("outcome", outcome),
                 ];
                 self.recorder
-                    .register_counter(&Key::from_parts("idem_attempts_total", l), &self.meta())
+                    .register_counter(&Key::from_parts("idem_attempts_total", l), &meta())
             })
             .clone();
         counter.increment(1);
     }
 
     pub fn attempt_race(&self, route: &str) {
-        if let Some(r) = self.routes.get(route) {
+        let named = self.named.load();
+        if let Some(r) = named.routes.get(route) {
             r.races.increment(1);
         }
     }
@@ -623,7 +690,17 @@ impl Metrics {
             "idem_circuit_state",
             labels(&[("provider", provider), ("model", model)]),
         );
-        self.recorder.register_gauge(&key, &self.meta())
+        self.recorder.register_gauge(&key, &meta())
+    }
+
+    /// A configuration reload succeeded (`ok`) or was refused.
+    pub fn config_reload(&self, ok: bool) {
+        if ok {
+            self.reloads_ok.increment(1);
+        } else {
+            self.reloads_refused.increment(1);
+        }
+        self.last_reload_ok.set(if ok { 1.0 } else { 0.0 });
     }
 
     /// A tenant's request was refused by its token bucket.
@@ -633,24 +710,23 @@ impl Metrics {
 
     /// Attempt races on every route (`idem_attempt_races_total` summed).
     pub fn attempt_races(&self) -> u64 {
-        self.routes.values().map(|r| r.races.get()).sum()
+        let named = self.named.load();
+        named.routes.values().map(|r| r.races.get()).sum()
     }
 
     pub fn failover_blocked(&self, route: &str) {
-        if let Some(r) = self.routes.get(route) {
+        let named = self.named.load();
+        if let Some(r) = named.routes.get(route) {
             r.failover_blocked.increment(1);
         }
     }
 
-    fn meta(&self) -> Metadata<'static> {
-        Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()))
-    }
-
     /// `/v1/stats` figures for one tenant, or for all when `tenant` is None.
     pub fn stats(&self, tenant: Option<&str>) -> StatsView {
+        let named = self.named.load();
         let selected: Vec<&TenantStats> = match tenant {
-            Some(t) => self.tenant(t).map(|t| &**t).into_iter().collect(),
-            None => self
+            Some(t) => named.tenants.get(t).map(|t| &**t).into_iter().collect(),
+            None => named
                 .tenants
                 .values()
                 .map(|t| &**t)
@@ -705,8 +781,8 @@ impl Metrics {
     }
 
     /// Names of the tenants with figures.
-    pub fn tenant_names(&self) -> impl Iterator<Item = &str> {
-        self.tenants.keys().map(String::as_str)
+    pub fn tenant_names(&self) -> Vec<String> {
+        self.named.load().tenants.keys().cloned().collect()
     }
 }
 

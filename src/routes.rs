@@ -130,8 +130,37 @@ impl Routes {
         providers: &Providers,
         metrics: &Metrics,
     ) -> Result<Routes, RouteError> {
+        Routes::reusing(config, providers, metrics, None)
+    }
+
+    /// Like [`Routes::from_config`], keeping the circuit breakers of
+    /// `before` (the routes in force) for each provider + model whose
+    /// provider was kept and whose breaker settings did not change: a
+    /// reload does not close an open circuit.
+    pub fn reusing(
+        config: &Config,
+        providers: &Providers,
+        metrics: &Metrics,
+        before: Option<&Routes>,
+    ) -> Result<Routes, RouteError> {
         let mut routes = Routes::default();
         let mut breakers: HashMap<(String, String), Arc<Breaker>> = HashMap::new();
+        for t in before
+            .iter()
+            .flat_map(|r| r.iter())
+            .flat_map(|r| &r.targets)
+        {
+            let kept = providers
+                .get(&t.provider.name)
+                .is_some_and(|p| Arc::ptr_eq(p, &t.provider))
+                && t.breaker.settings() == config.breaker_for(&t.provider.name);
+            if kept {
+                breakers.insert(
+                    (t.provider.name.to_string(), t.model.to_string()),
+                    t.breaker.clone(),
+                );
+            }
+        }
         for rc in &config.routes {
             let mut targets = Vec::new();
             for (index, t) in rc.targets.iter().enumerate() {

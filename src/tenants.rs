@@ -15,7 +15,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::Config;
+use crate::config::{Config, RateLimitConfig};
 
 /// The tenant every request belongs to when no `[[tenants]]` are configured
 /// (the embedded default on a loopback address).
@@ -46,12 +46,14 @@ struct Entry {
 pub struct Keyring {
     entries: Vec<Entry>,
     anonymous: Option<Principal>,
-    limits: HashMap<String, TenantLimits>,
+    limits: HashMap<String, Arc<TenantLimits>>,
 }
 
 /// A tenant's own limits.
 pub struct TenantLimits {
     bucket: Option<DefaultDirectRateLimiter>,
+    /// The settings `bucket` was made from.
+    rate: Option<RateLimitConfig>,
     pub max_body_bytes: Option<usize>,
 }
 
@@ -75,6 +77,13 @@ fn bucket(rps: f64, burst: u32) -> Option<DefaultDirectRateLimiter> {
 
 impl Keyring {
     pub fn from_config(config: &Config) -> Keyring {
+        Keyring::reusing(config, None)
+    }
+
+    /// The key table of `config`, keeping the token buckets of `before`
+    /// (the table in force) for the tenants whose rate limit did not
+    /// change: a reload neither refills nor empties a bucket.
+    pub fn reusing(config: &Config, before: Option<&Keyring>) -> Keyring {
         let mut entries = Vec::new();
         for key in &config.admin.api_keys {
             if let Some(digest) = digest_of_config_key(key) {
@@ -103,11 +112,18 @@ impl Keyring {
             .tenants
             .iter()
             .map(|t| {
-                let limits = TenantLimits {
-                    bucket: t
-                        .rate_limit
-                        .and_then(|r| bucket(r.requests_per_second, r.burst)),
-                    max_body_bytes: t.max_body_bytes,
+                let kept = before.and_then(|b| b.limits.get(&t.name)).filter(|old| {
+                    old.rate == t.rate_limit && old.max_body_bytes == t.max_body_bytes
+                });
+                let limits = match kept {
+                    Some(old) => old.clone(),
+                    None => Arc::new(TenantLimits {
+                        bucket: t
+                            .rate_limit
+                            .and_then(|r| bucket(r.requests_per_second, r.burst)),
+                        rate: t.rate_limit,
+                        max_body_bytes: t.max_body_bytes,
+                    }),
                 };
                 (t.name.clone(), limits)
             })
@@ -121,7 +137,7 @@ impl Keyring {
 
     /// A tenant's limits (none configured: `None`).
     pub fn limits(&self, tenant: &str) -> Option<&TenantLimits> {
-        self.limits.get(tenant)
+        self.limits.get(tenant).map(|l| &**l)
     }
 
     /// True when every request is accepted as the anonymous tenant.

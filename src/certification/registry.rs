@@ -68,7 +68,17 @@ pub async fn refresh(store: &dyn Store, routes: &Routes) -> Result<(), StoreErro
 }
 
 /// Refreshes every `every` (`contracts.refresh_interval`) until `stop`.
-pub async fn run(store: &dyn Store, routes: &Routes, every: Duration, stop: CancellationToken) {
+/// `routes` gives the routes in force at each refresh (a reload may have
+/// replaced them).
+pub async fn run<R>(
+    store: &dyn Store,
+    routes: impl Fn() -> R,
+    every: Duration,
+    stop: CancellationToken,
+) where
+    R: std::ops::Deref,
+    R::Target: AsRef<Routes>,
+{
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -76,7 +86,8 @@ pub async fn run(store: &dyn Store, routes: &Routes, every: Duration, stop: Canc
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if let Err(e) = refresh(store, routes).await {
+        let current = routes();
+        if let Err(e) = refresh(store, (*current).as_ref()).await {
             tracing::warn!(error = %e, "cannot refresh certifications; keeping the last known");
         }
     }

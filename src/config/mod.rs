@@ -329,6 +329,14 @@ impl Config {
         self.providers.iter().find(|p| p.name == name)
     }
 
+    /// Whether two settings are the same (as they would be written out).
+    pub fn same<T: Serialize>(a: &T, b: &T) -> bool {
+        match (serde_json::to_value(a), serde_json::to_value(b)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+    }
+
     /// The breaker settings of a provider: its own, else `[breaker]`.
     pub fn breaker_for(&self, provider: &str) -> BreakerConfig {
         self.provider(provider)

@@ -20,7 +20,7 @@ pub struct TenantConfig {
     pub max_body_bytes: Option<usize>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitConfig {
     /// Sustained requests per second.

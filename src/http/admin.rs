@@ -1,6 +1,8 @@
-//! Admin endpoints (admin key only) for contracts and failover, and the
-//! admin's view of every tenant's jobs:
+//! Admin endpoints (admin key only) for contracts and failover, the
+//! configuration reload, and the admin's view of every tenant's jobs:
 //!
+//! - `POST /v1/admin/reload` reads the configuration file again and puts it
+//!   in force (as SIGHUP does), answering what changed or why not;
 //! - `POST /v1/admin/certify` `{"route": R, "target": P?}` runs
 //!   certification like `idem certify`, records it, makes it count at once
 //!   in this gateway, and returns the reports as JSON;
@@ -67,14 +69,15 @@ pub async fn certify(
     })?;
     let reports = certify::certify(
         &*app.store,
-        &app.config,
-        &app.routes,
+        &caller.live.config,
+        &caller.live.routes,
         &req.route,
         req.target.as_deref(),
     )
     .await?;
-    // Count at once here; other replicas see it at their next refresh.
-    registry::refresh(&*app.store, &app.routes).await?;
+    // Count at once here (in the routes in force, should a reload have
+    // come meanwhile); other replicas see it at their next refresh.
+    registry::refresh(&*app.store, &app.live.load().routes).await?;
     Ok(Json(json!({
         "object": "certification",
         "route": req.route,
@@ -83,11 +86,20 @@ pub async fn certify(
     })))
 }
 
+/// `POST /v1/admin/reload`: reads the configuration file again and puts
+/// it in force, as SIGHUP does; answers what changed, or 409 with why the
+/// new configuration was refused (the one in force stays).
+pub async fn reload(State(app): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
+    caller.require_admin()?;
+    let changes = app.live.reload(&app.metrics, &*app.store).await?;
+    Ok(Json(json!({"object": "reload", "changes": changes})))
+}
+
 /// `GET /v1/admin/routes`.
-pub async fn routes(State(app): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
+pub async fn routes(caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require_admin()?;
     Ok(Json(
-        json!({"object": "list", "data": routes_view(&app.routes, true)}),
+        json!({"object": "list", "data": routes_view(&caller.live.routes, true)}),
     ))
 }
 

@@ -92,9 +92,9 @@ async fn handle(
     drop(bytes);
     let req = wire::parse(object)
         .map_err(|i| known.refused(ApiError::bad_request(i.message, i.code, Some(i.param))))?;
-    let Some(route) = app.routes.get(&req.model).cloned() else {
+    let Some(route) = caller.live.route(&req.model) else {
         return Err(known.refused(super::openai::unknown_model(
-            app,
+            &caller.live.routes,
             &req.model,
             Endpoint::Embeddings,
         )));

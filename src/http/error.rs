@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use crate::certification::failover::NoTarget;
 use crate::flight::FlightError;
 use crate::jobs::JobError;
+use crate::live::ReloadError;
 use crate::outcome::Refusal;
 use crate::task::TaskError;
 
@@ -225,6 +226,21 @@ impl ApiError {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         h
+    }
+}
+
+/// A refused reload: 409, the configuration in force stays.
+impl From<ReloadError> for ApiError {
+    fn from(e: ReloadError) -> Self {
+        let code = match &e {
+            ReloadError::NoSource => "reload_unavailable",
+            ReloadError::Invalid(_) | ReloadError::Build(_) => "invalid_config",
+            ReloadError::NeedsRestart(_) => "restart_required",
+        };
+        ApiError::Conflict {
+            message: e.to_string(),
+            code,
+        }
     }
 }
 

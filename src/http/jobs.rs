@@ -98,7 +98,7 @@ pub async fn create(
     let outer = validate::parse_object(&bytes, app.limits.max_json_depth)?;
     let (request, metadata) = validate::job_body(outer)?;
     let req = validate::chat_request(request, &app.limits)?;
-    let (route, fp) = route_chat(&app, &tenant, &req, &headers)?;
+    let (route, fp) = route_chat(&caller.live, &tenant, &req, &headers)?;
     let created = app
         .jobs
         .create(&tenant, &route, &req.body, &fp, metadata.as_ref(), &key)
@@ -167,7 +167,7 @@ pub async fn chat(
     let job = if created.job.state == JobState::Succeeded {
         created.job
     } else {
-        let deadline = started + app.config.server.request_timeout;
+        let deadline = started + app.live.load().config.server.request_timeout;
         app.jobs
             .wait(tenant, &created.job.id, deadline)
             .await

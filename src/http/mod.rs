@@ -25,23 +25,20 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::config::Config;
 use crate::jobs::Jobs;
+use crate::live::{Live, LiveConfig};
 use crate::metrics::Metrics;
-use crate::providers::Providers;
-use crate::routes::Routes;
 use crate::store::Store;
 use crate::task::Core;
-use crate::tenants::{Keyring, Principal};
+use crate::tenants::Principal;
 use error::ApiError;
 use validate::Limits;
 
 /// Everything a handler may use: cheap handles, no global lock.
 pub struct Shared {
-    pub config: Arc<Config>,
-    pub keyring: Keyring,
-    pub routes: Routes,
-    pub providers: Providers,
+    /// Tenants, keys, providers and routes in force (a reload replaces
+    /// them): a request takes them once, with its [`Caller`].
+    pub live: LiveConfig,
     /// The request path's core: coalescing, the request log, the work
     /// requests leave behind.
     pub core: Core,
@@ -53,8 +50,8 @@ pub struct Shared {
 
 /// The job workers see the gateway through its handles only.
 impl crate::jobs::JobEnv for Shared {
-    fn config(&self) -> &Arc<Config> {
-        &self.config
+    fn live(&self) -> Arc<Live> {
+        self.live.load()
     }
     fn jobs(&self) -> &Arc<Jobs> {
         &self.jobs
@@ -64,9 +61,6 @@ impl crate::jobs::JobEnv for Shared {
     }
     fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
-    }
-    fn routes(&self) -> &Routes {
-        &self.routes
     }
     fn core(&self) -> &Core {
         &self.core
@@ -90,8 +84,13 @@ impl Deref for AppState {
     }
 }
 
-/// The authenticated caller.
-pub struct Caller(pub Principal);
+/// The authenticated caller, and the configuration in force when it was
+/// admitted, which the request keeps to its end (docs/design.md,
+/// "Reloading the configuration").
+pub struct Caller {
+    pub who: Principal,
+    pub live: Arc<Live>,
+}
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
@@ -116,18 +115,19 @@ impl Caller {
     /// The caller the request's key names.
     pub fn authenticate(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
         let auth = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-        let who = state
+        let live = state.live.load();
+        let who = live
             .keyring
             .authenticate(auth)
             .ok_or(ApiError::Unauthorized)?;
-        Ok(Caller(who))
+        Ok(Caller { who, live })
     }
 
     /// Spends a token of the caller's rate limit (a tenant's; admins have
     /// none): 429 when the bucket is empty.
     pub fn limit(&self, state: &AppState) -> Result<(), ApiError> {
-        if let Principal::Tenant(t) = &self.0
-            && let Some(limits) = state.keyring.limits(t)
+        if let Principal::Tenant(t) = &self.who
+            && let Some(limits) = self.live.keyring.limits(t)
             && let Err(wait) = limits.admit()
         {
             state.metrics.rate_limited();
@@ -140,7 +140,7 @@ impl Caller {
 
     /// The tenant's name, if the caller is a tenant.
     pub fn tenant_name(&self) -> Option<&Arc<str>> {
-        match &self.0 {
+        match &self.who {
             Principal::Tenant(t) => Some(t),
             Principal::Admin => None,
         }
@@ -148,7 +148,7 @@ impl Caller {
 
     /// The tenant, or 403 for an admin key on a tenant endpoint.
     pub fn tenant(&self) -> Result<Arc<str>, ApiError> {
-        match &self.0 {
+        match &self.who {
             Principal::Tenant(t) => Ok(t.clone()),
             Principal::Admin => Err(ApiError::TenantOnly),
         }
@@ -157,8 +157,9 @@ impl Caller {
     /// The body limit for this caller: the tenant's own, within the server's.
     pub fn body_limit(&self, state: &AppState) -> usize {
         let server = state.limits.max_body_bytes;
-        match &self.0 {
-            Principal::Tenant(t) => state
+        match &self.who {
+            Principal::Tenant(t) => self
+                .live
                 .keyring
                 .limits(t)
                 .and_then(|l| l.max_body_bytes)
@@ -168,7 +169,7 @@ impl Caller {
     }
 
     pub fn require_admin(&self) -> Result<(), ApiError> {
-        match self.0 {
+        match self.who {
             Principal::Admin => Ok(()),
             Principal::Tenant(_) => Err(ApiError::AdminOnly),
         }
@@ -235,6 +236,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/stats", get(ops::stats))
         .route("/v1/admin/certify", post(admin::certify))
         .route("/v1/admin/routes", get(admin::routes))
+        .route("/v1/admin/reload", post(admin::reload))
         .route("/v1/admin/jobs", get(admin::jobs))
         .route("/v1/admin/jobs/{id}", get(admin::job))
         .route("/healthz", get(ops::healthz))

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::handler::Handler;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -34,9 +34,10 @@ use crate::answer::{Answer, Form};
 use crate::endpoints::chat::CHAT;
 use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{Delivery, Flight, RequestBody, Source};
+use crate::live::Live;
 use crate::outcome::Outcome;
 use crate::providers::Endpoint;
-use crate::routes::Route;
+use crate::routes::{Route, Routes};
 use crate::task::{CachePolicy, Count, Finish, Line, Task, TaskError};
 
 pub const IDEM_OUTCOME: HeaderName = HeaderName::from_static("idem-outcome");
@@ -176,11 +177,11 @@ async fn admit(
     let (req, raw) = read_chat_request(&app, &headers, body, caller.body_limit(&app))
         .await
         .map_err(|e| refused(&app, Some(&tenant), None, e))?;
-    let (route, fp) = match route_chat(&app, &tenant, &req, &headers) {
+    let (route, fp) = match route_chat(&caller.live, &tenant, &req, &headers) {
         Ok(routed) => routed,
         Err(e) => {
             // Counted under the route when the model names one.
-            let route = app.routes.get(&req.model).map(|r| r.name.clone());
+            let route = caller.live.route(&req.model).map(|r| r.name.clone());
             return Err(refused(&app, Some(&tenant), route.as_ref(), e));
         }
     };
@@ -277,11 +278,11 @@ async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Re
 /// A route asked for an endpoint it does not serve.
 /// The 404 for a model no route serves, listing the models that serve
 /// `endpoint` (every tenant may use every route).
-pub fn unknown_model(app: &AppState, model: &str, endpoint: Endpoint) -> ApiError {
+pub fn unknown_model(routes: &Routes, model: &str, endpoint: Endpoint) -> ApiError {
     ApiError::ModelNotFound {
         model: model.to_string(),
         available: Some(
-            app.routes
+            routes
                 .iter()
                 .filter(|r| r.serves(endpoint))
                 .map(|r| r.name.to_string())
@@ -322,13 +323,13 @@ pub fn content_length(headers: &HeaderMap) -> Option<u64> {
 /// its fingerprint under the route's rules: the stage the plain path and
 /// the jobs API share.
 pub fn route_chat(
-    app: &AppState,
+    live: &Live,
     tenant: &str,
     req: &ChatRequest,
     headers: &HeaderMap,
 ) -> Result<(Arc<Route>, Fingerprint), ApiError> {
-    let Some(route) = app.routes.get(&req.model).cloned() else {
-        return Err(unknown_model(app, &req.model, Endpoint::Chat));
+    let Some(route) = live.route(&req.model) else {
+        return Err(unknown_model(&live.routes, &req.model, Endpoint::Chat));
     };
     if !route.serves(Endpoint::Chat) {
         return Err(not_served(&req.model, "chat completions"));
@@ -518,12 +519,10 @@ fn concat(chunks: Vec<Bytes>) -> Bytes {
 
 /// `GET /v1/models`: the routes' public model names, each with the
 /// endpoints it serves (`chat.completions`, `embeddings`).
-pub async fn models(
-    State(app): State<AppState>,
-    caller: Caller,
-) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn models(caller: Caller) -> Result<Json<serde_json::Value>, ApiError> {
     caller.tenant()?;
-    let data: Vec<_> = app
+    let data: Vec<_> = caller
+        .live
         .routes
         .iter()
         .map(|r| {

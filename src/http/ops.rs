@@ -66,9 +66,10 @@ pub async fn metrics(
     State(app): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    if app.config.admin.metrics_require_key {
+    let live = app.live.load();
+    if live.config.admin.metrics_require_key {
         let auth = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-        if app.keyring.authenticate(auth) != Some(Principal::Admin) {
+        if live.keyring.authenticate(auth) != Some(Principal::Admin) {
             return Err(ApiError::AdminOnly);
         }
     }
@@ -85,7 +86,7 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
     // Figures the store could not give are null, and named here with the
     // reason, rather than shown as zeros that look like real counts.
     let mut unreadable = Vec::new();
-    match &caller.0 {
+    match &caller.who {
         Principal::Tenant(t) => {
             let jobs = job_counts(&app, Some(t)).await;
             let jobs = readable("jobs", jobs, &mut unreadable);
@@ -103,7 +104,7 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
             for name in app.metrics.tenant_names() {
                 tenants.insert(
                     name.to_string(),
-                    serde_json::to_value(app.metrics.stats(Some(name))).unwrap_or_default(),
+                    serde_json::to_value(app.metrics.stats(Some(&name))).unwrap_or_default(),
                 );
             }
             let jobs = readable("jobs", job_counts(&app, None).await, &mut unreadable);
@@ -120,7 +121,7 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
                 "inflight_flights": app.core.coalescer.table.inflight(),
                 "waiting_followers": app.core.coalescer.table.followers(),
                 "replica": app.jobs.worker_id,
-                "backend": if app.config.coalescing.backend == "memory" { "memory" } else { "redis" },
+                "backend": if caller.live.config.coalescing.backend == "memory" { "memory" } else { "redis" },
                 "redis_connected": app.core.coalescer.shared.get().map(|s| s.healthy()),
                 "redis_subscribed": app.core.coalescer.shared.get().map(|s| s.listening()),
                 "redis_errors": app.metrics.redis_errors.get(),

@@ -75,13 +75,13 @@ fn ms(d: Duration) -> i64 {
 
 /// Starts this replica's workers.
 pub fn spawn(app: &Env, shutdown: &CancellationToken, tracker: &TaskTracker) {
-    for _ in 0..app.config().jobs.workers {
+    for _ in 0..app.live().config.jobs.workers {
         tracker.spawn(worker(app.clone(), shutdown.clone()));
     }
 }
 
 async fn worker(app: Env, shutdown: CancellationToken) {
-    let cfg = &app.config().jobs;
+    let cfg = app.live().config.jobs.clone();
     loop {
         while !shutdown.is_cancelled() {
             let now = now_ms();
@@ -139,7 +139,7 @@ async fn run_job(app: &Env, job: JobRecord) {
         }
         app.jobs().changed(job_id);
     };
-    let Some(route) = app.routes().get(&job.route).cloned() else {
+    let Some(route) = app.live().route(&job.route) else {
         fail(format!("route {} is no longer configured", job.route)).await;
         return;
     };
@@ -156,7 +156,7 @@ async fn run_job(app: &Env, job: JobRecord) {
     let _claim = {
         let store = store.clone();
         let (id, worker) = (job.id.clone(), app.jobs().worker_id.clone());
-        let lease = app.config().jobs.claim_lease;
+        let lease = app.live().config.jobs.claim_lease;
         AbortOnDrop(tokio::spawn(async move {
             let mut tick = crate::lease::renewals(lease);
             loop {
@@ -353,7 +353,7 @@ impl RoundCtx<'_> {
             return Err(Round::Failed("no such target".into()));
         };
         let now = now_ms();
-        let lease = app.config().jobs.attempt_lease;
+        let lease = app.live().config.jobs.attempt_lease;
         let started = app
             .jobs()
             .store
@@ -556,7 +556,7 @@ impl AttemptCtx {
     /// lease covers a few of them.
     async fn lease_lost(&self) {
         let (app, a) = (&self.app, &self.attempt);
-        let lease = app.config().jobs.attempt_lease;
+        let lease = app.live().config.jobs.attempt_lease;
         let mut tick = crate::lease::renewals(lease);
         loop {
             tick.tick().await;

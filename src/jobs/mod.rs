@@ -20,10 +20,10 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{Notify, watch};
 
 use crate::answer::{Answer, Form};
-use crate::config::Config;
 use crate::fingerprint::{self, Fingerprint, Rules};
+use crate::live::Live;
 use crate::metrics::Metrics;
-use crate::routes::{Route, Routes};
+use crate::routes::Route;
 use crate::store::{
     AttemptRecord, AttemptState, Completion, Created, JobRecord, JobState, NewJob, Store,
     StoreError, now_ms, rfc3339,
@@ -91,11 +91,11 @@ impl Resolution {
 /// What the executor and the reconciler use of the gateway: its handles,
 /// not its HTTP layer (which implements this for its shared state).
 pub trait JobEnv: Send + Sync + 'static {
-    fn config(&self) -> &Arc<Config>;
+    /// The configuration in force; a job's run takes it once and keeps it.
+    fn live(&self) -> Arc<Live>;
     fn jobs(&self) -> &Arc<Jobs>;
     fn store(&self) -> &Arc<dyn Store>;
     fn metrics(&self) -> &Arc<Metrics>;
-    fn routes(&self) -> &Routes;
     fn core(&self) -> &crate::task::Core;
 }
 

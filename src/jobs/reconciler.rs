@@ -30,7 +30,7 @@ pub async fn on_startup(app: &Env) {
 }
 
 pub async fn run(app: Env, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(app.config().jobs.reconcile_interval);
+    let mut tick = tokio::time::interval(app.live().config.jobs.reconcile_interval);
     // After a stall, one pass and then the interval again, not a burst of
     // passes back to back.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -69,8 +69,8 @@ pub async fn once(app: &Env) {
         Err(e) => tracing::warn!(error = %e, "cannot expire job claims"),
     }
     auto_resolve(app, now).await;
-    let retention =
-        i64::try_from(app.config().storage.idempotency_retention.as_millis()).unwrap_or(i64::MAX);
+    let retention = i64::try_from(app.live().config.storage.idempotency_retention.as_millis())
+        .unwrap_or(i64::MAX);
     if let Err(e) = store.purge(now.saturating_sub(retention)).await {
         tracing::warn!(error = %e, "cannot purge old jobs");
     }
@@ -91,7 +91,7 @@ async fn auto_resolve(app: &Env, now: i64) {
         let Ok(Some(job)) = app.store().job(None, &a.job_id).await else {
             continue;
         };
-        let Some(route) = app.routes().get(&job.route) else {
+        let Some(route) = app.live().route(&job.route) else {
             continue;
         };
         let policy = &route.config.attempts;

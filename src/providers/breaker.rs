@@ -111,6 +111,11 @@ impl Breaker {
         }
     }
 
+    /// Its settings.
+    pub fn settings(&self) -> BreakerConfig {
+        self.config
+    }
+
     fn enabled(&self) -> bool {
         self.config.failures > 0
     }

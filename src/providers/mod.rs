@@ -543,9 +543,27 @@ pub struct Providers {
 
 impl Providers {
     pub fn from_config(config: &Config) -> Result<Providers, ProviderError> {
+        Providers::reusing(config, None)
+    }
+
+    /// The providers of `config`, keeping those of `before` (the
+    /// configuration in force and its providers) whose settings did not
+    /// change: their connection pools stay warm across a reload.
+    pub fn reusing(
+        config: &Config,
+        before: Option<(&Config, &Providers)>,
+    ) -> Result<Providers, ProviderError> {
         let mut by_name = HashMap::new();
         for p in &config.providers {
-            by_name.insert(p.name.clone(), Arc::new(Provider::new(p)?));
+            let kept = before.and_then(|(old, providers)| {
+                let same = old.provider(&p.name).is_some_and(|o| Config::same(o, p));
+                same.then(|| providers.get(&p.name).cloned()).flatten()
+            });
+            let provider = match kept {
+                Some(provider) => provider,
+                None => Arc::new(Provider::new(p)?),
+            };
+            by_name.insert(p.name.clone(), provider);
         }
         Ok(Providers { by_name })
     }

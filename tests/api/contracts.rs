@@ -608,7 +608,7 @@ fn cli_config(app: &TestApp, dir: &Path, contract: &Path) -> PathBuf {
              [[routes]]\nmodel = \"bot\"\ncontract = {:?}\ntargets = [\
              {{ provider = \"primary\", model = \"gpt-4o-mini\" }}, \
              {{ provider = \"fallback\", model = \"llama-3.1-8b\" }}]\n",
-            app.state.config.storage.url,
+            app.state.live.load().config.storage.url,
             app.mock.base_url(),
             app.fallback.as_ref().unwrap().base_url(),
             contract.display().to_string(),
@@ -665,7 +665,7 @@ async fn idem_certify_and_idem_routes_reach_a_running_gateway_without_restart() 
     assert!(out.contains("CERTIFIED"), "{out}");
 
     // The running gateway sees it at its next refresh, without a restart.
-    let route = app.state.routes.get("bot").unwrap().clone();
+    let route = app.state.live.load().route("bot").unwrap();
     let hash = route.contract.as_ref().unwrap().hash.clone();
     eventually(Duration::from_secs(10), || {
         route.targets[1].certificate.valid_for(&hash)

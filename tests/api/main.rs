@@ -24,6 +24,7 @@ mod providers;
 mod readme;
 mod redis_cluster;
 mod redis_outage;
+mod reload;
 mod rendering;
 mod replicas;
 mod takeover;
