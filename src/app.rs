@@ -172,7 +172,17 @@ impl App {
         });
 
         if state.live.can_reload() {
-            tracker.spawn(reload_on_hangup(state.clone(), stop.clone()));
+            // Listening before the listening line: a SIGHUP from then on
+            // reloads, never ends the process (its default action).
+            #[cfg(unix)]
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+                Ok(hangups) => {
+                    tracker.spawn(reload_on_hangup(state.clone(), hangups, stop.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGHUP: reload with POST /v1/admin/reload");
+                }
+            }
         }
 
         let addr = listener.local_addr()?;
@@ -310,30 +320,19 @@ pub async fn shutdown_signal() {
 
 /// Reloads the configuration at each SIGHUP until `stop` (a refused
 /// reload is logged and counted by the reload itself).
-async fn reload_on_hangup(state: AppState, stop: CancellationToken) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hangups = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGHUP: reload with POST /v1/admin/reload");
-                return;
-            }
-        };
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                got = hangups.recv() => if got.is_none() { return },
-            }
-            tracing::info!("SIGHUP: reloading the configuration");
-            let _ = state.live.reload(&state.metrics, &*state.store).await;
+#[cfg(unix)]
+async fn reload_on_hangup(
+    state: AppState,
+    mut hangups: tokio::signal::unix::Signal,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            got = hangups.recv() => if got.is_none() { return },
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = state;
-        stop.cancelled().await;
+        tracing::info!("SIGHUP: reloading the configuration");
+        let _ = state.live.reload(&state.metrics, &*state.store).await;
     }
 }
 

@@ -257,6 +257,15 @@ impl LiveConfig {
         }
         let done = Reloaded::between(&before.config, &config);
         let live = Live::build(Arc::new(config), metrics, Some(&before))?;
+        for warning in live.config.warnings() {
+            tracing::warn!(source = %live.config.source, "{warning}");
+        }
+        if live.keyring.is_open() && !before.keyring.is_open() {
+            tracing::warn!(
+                "the reloaded configuration has no [[tenants]]: every request is now served as tenant \"{}\"",
+                crate::tenants::ANONYMOUS_TENANT
+            );
+        }
         if let Err(e) = crate::certification::registry::refresh(store, &live.routes).await {
             tracing::warn!(error = %e, "cannot read certifications for the reloaded routes; no fallback counts as certified until the next refresh");
         }
@@ -341,6 +350,13 @@ targets = [{ provider = "p", model = "x" }]
             after.providers.get("p").unwrap(),
         );
         assert!(Arc::ptr_eq(p0, p1), "an unchanged provider is kept");
+        assert!(
+            std::ptr::eq(
+                before.keyring.limits("a").unwrap(),
+                after.keyring.limits("a").unwrap()
+            ),
+            "an unchanged tenant keeps its token bucket"
+        );
         let old_breaker = &before.routes.get("m").unwrap().targets[0].breaker;
         let new_route = after.routes.get("n").unwrap();
         assert!(
@@ -352,6 +368,19 @@ targets = [{ provider = "p", model = "x" }]
         let slower = with_b.replacen("kind = \"mock\"", "kind = \"mock\"\ntimeout = \"7s\"", 1);
         let third = Live::build(Arc::new(config(&slower)), &metrics, Some(&after)).unwrap();
         assert!(!Arc::ptr_eq(p1, third.providers.get("p").unwrap()));
+        let limited = slower.replacen(
+            "api_keys = [\"key-aaaaaaaa\"]",
+            "api_keys = [\"key-aaaaaaaa\"]\nrate_limit = { requests_per_second = 5.0, burst = 5 }",
+            1,
+        );
+        let fourth = Live::build(Arc::new(config(&limited)), &metrics, Some(&third)).unwrap();
+        assert!(
+            !std::ptr::eq(
+                third.keyring.limits("a").unwrap(),
+                fourth.keyring.limits("a").unwrap()
+            ),
+            "a changed rate limit is a new bucket"
+        );
         assert!(!Arc::ptr_eq(
             old_breaker,
             &third.routes.get("m").unwrap().targets[0].breaker

@@ -849,6 +849,43 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_brings_the_handles_of_new_names_and_keeps_the_old_ones() {
+        let text = |tenant: &str, route: &str| {
+            format!(
+                "[[tenants]]\nname=\"{tenant}\"\napi_keys=[\"key-{tenant}-12345\"]\n[[providers]]\nname=\"p\"\nkind=\"mock\"\n[[routes]]\nmodel=\"{route}\"\ntargets=[{{provider=\"p\",model=\"x\"}}]\n"
+            )
+        };
+        let first = Config::from_toml_str(&text("a", "m"), Source::Embedded, false).unwrap();
+        let m = Metrics::new(&first);
+        m.request("a", "m", Outcome::Leader);
+        // Before the reload, `b` and `n` are names no configuration gave:
+        // not counted under them.
+        m.request("b", "n", Outcome::Leader);
+        assert_eq!(m.stats(Some("b")).incoming_requests, 0);
+        let second = Config::from_toml_str(&text("b", "n"), Source::Embedded, false).unwrap();
+        m.adopt(&second);
+        m.request("b", "n", Outcome::Leader);
+        m.request("a", "m", Outcome::Follower);
+        assert_eq!(m.stats(Some("b")).incoming_requests, 1);
+        assert_eq!(
+            m.stats(Some("a")).incoming_requests,
+            2,
+            "a keeps its figures"
+        );
+        let text = m.render();
+        for line in [
+            "idem_requests_total{route=\"n\",outcome=\"leader\"} 1",
+            "idem_requests_total{route=\"m\",outcome=\"leader\"} 1",
+            "idem_requests_total{route=\"m\",outcome=\"follower\"} 1",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+        let mut names = m.tenant_names();
+        names.sort();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
     fn refused_requests_are_counted_on_a_fixed_set_of_labels() {
         let c = Config::from_toml_str(
             "[[tenants]]\nname=\"a\"\napi_keys=[\"key-aaaaaaaa\"]\n[[providers]]\nname=\"p\"\nkind=\"mock\"\n[[routes]]\nmodel=\"m\"\ntargets=[{provider=\"p\",model=\"x\"}]\n",
