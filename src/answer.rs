@@ -21,6 +21,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::config::RouteCache;
+use crate::prices::Tokens;
 use crate::sse::SseError;
 
 /// An OpenAI error object, `{"error": {"message", "type", "code",
@@ -96,15 +97,6 @@ fn check_completion(v: &Value) -> Result<(), Malformed> {
     }
 }
 
-/// The provider's token counts in a completion, if it has them.
-fn usage_of(v: &Value) -> Option<(u64, u64)> {
-    let u = v.get("usage")?;
-    Some((
-        u.get("prompt_tokens")?.as_u64()?,
-        u.get("completion_tokens")?.as_u64()?,
-    ))
-}
-
 /// How an attempt ended (docs/design.md, "Jobs and attempts").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -162,7 +154,7 @@ pub struct Rendered {
     plain: OnceLock<Result<Bytes, Bytes>>,
     stream: OnceLock<Bytes>,
     stream_with_usage: OnceLock<Bytes>,
-    usage: OnceLock<Option<(u64, u64)>>,
+    tokens: OnceLock<Option<Tokens>>,
 }
 
 impl Answer {
@@ -224,7 +216,8 @@ impl Answer {
         if let Err(why) = check_completion(&completion) {
             return Some(why);
         }
-        let _ = self.rendered.usage.set(usage_of(&completion));
+        let tokens = completion.get("usage").and_then(Tokens::of_usage);
+        let _ = self.rendered.tokens.set(tokens);
         if self.form == Form::Stream {
             let _ = self
                 .rendered
@@ -405,12 +398,28 @@ impl Answer {
         }
     }
 
-    /// Token counts reported by the provider, if any (parsed once).
+    /// Prompt and completion token counts reported by the provider, if
+    /// any (parsed once).
     pub fn usage(&self) -> Option<(u64, u64)> {
+        self.tokens().map(|t| (t.input, t.output))
+    }
+
+    /// Records the tokens of this answer's call, read by whoever parsed its
+    /// body already (a first reading wins).
+    pub fn set_tokens(&self, tokens: Option<Tokens>) {
+        let _ = self.rendered.tokens.set(tokens);
+    }
+
+    /// The tokens the provider reported for this answer's call, if any
+    /// (parsed once, shared by everyone this answer serves).
+    pub fn tokens(&self) -> Option<Tokens> {
+        if !self.is_success() {
+            return None;
+        }
         *self
             .rendered
-            .usage
-            .get_or_init(|| usage_of(&self.completion_json()?))
+            .tokens
+            .get_or_init(|| Tokens::of_usage(self.completion_json()?.get("usage")?))
     }
 }
 

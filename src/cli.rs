@@ -333,7 +333,26 @@ fn routes_text(r: &serde_json::Value) -> String {
         } else {
             format!("; {state}")
         };
-        out.push_str(&format!("  [{}] {name:<32} {role}{state}\n", t["index"]));
+        let price = match t["price"].as_object() {
+            Some(p) => {
+                let n = |k: &str| p.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+                let from = match p.get("as_of").and_then(serde_json::Value::as_str) {
+                    Some(date) => format!("built-in, as of {date}"),
+                    None => "config".into(),
+                };
+                format!(
+                    "; ${} in / ${} cached / ${} out per Mtok ({from})",
+                    n("input_per_mtok"),
+                    n("cached_input_per_mtok"),
+                    n("output_per_mtok")
+                )
+            }
+            None => "; no price: cost unknown".into(),
+        };
+        out.push_str(&format!(
+            "  [{}] {name:<32} {role}{state}{price}\n",
+            t["index"]
+        ));
     }
     out
 }

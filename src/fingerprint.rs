@@ -595,6 +595,7 @@ mod tests {
             model: "gpt-4o-mini".into(),
             version: None,
             context_window: None,
+            price: None,
         }]
     }
 
@@ -692,6 +693,7 @@ mod tests {
             model: "llama".into(),
             version: None,
             context_window: None,
+            price: None,
         });
         let all = [&base, &other_model, &versioned, &two]
             .map(|t| fingerprint(&body, None, &rules(t, &[])));

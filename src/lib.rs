@@ -60,6 +60,7 @@ pub mod live;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod outcome;
+pub mod prices;
 pub mod providers;
 pub mod reqlog;
 pub mod routes;
@@ -89,6 +90,7 @@ mod layout {
         "live",
         "metrics",
         "outcome",
+        "prices",
         "providers",
         "reqlog",
         "routes",

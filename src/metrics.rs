@@ -24,6 +24,7 @@ use tracing_appender::non_blocking::ErrorCounter;
 
 use crate::config::Config;
 use crate::outcome::{Outcome, Refusal};
+use crate::prices::{Price, Tokens};
 use crate::tenants::ANONYMOUS_TENANT;
 
 /// The `route` label of a request refused before it was routed (or whose
@@ -46,6 +47,33 @@ struct RouteHandles {
     /// Embeddings items by how each was answered.
     items: HashMap<Outcome, Counter>,
     saved_input_tokens: Counter,
+    saved_cached_input_tokens: Counter,
+    saved_output_tokens: Counter,
+    /// What the saved calls would have cost, where their target has a
+    /// price (`idem_saved_cost_total`, rendered by [`Metrics::render`]).
+    saved_cost: Dollars,
+}
+
+/// US dollars added up exactly, as nano-dollars, and whether anything
+/// priced was added at all (until then the figure is unknown, not 0).
+#[derive(Default)]
+struct Dollars {
+    nanos: AtomicU64,
+    priced: AtomicU64,
+}
+
+impl Dollars {
+    fn add(&self, dollars: f64) {
+        self.nanos
+            .fetch_add(crate::prices::nanos(dollars), Ordering::Relaxed);
+        self.priced.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The sum, or `None` while nothing priced was added.
+    fn get(&self) -> Option<f64> {
+        (self.priced.load(Ordering::Relaxed) > 0)
+            .then(|| self.nanos.load(Ordering::Relaxed) as f64 / 1e9)
+    }
 }
 
 /// A Prometheus counter that also keeps its own total, for the few figures
@@ -88,6 +116,17 @@ pub struct TenantStats {
     items: AtomicU64,
     items_sent: AtomicU64,
     saved_input_tokens: AtomicU64,
+    saved_cached_input_tokens: AtomicU64,
+    saved_output_tokens: AtomicU64,
+    saved_cost: Dollars,
+    /// Saved answers whose call's target has no price.
+    unpriced_saves: AtomicU64,
+    spent_input_tokens: AtomicU64,
+    spent_cached_input_tokens: AtomicU64,
+    spent_output_tokens: AtomicU64,
+    spent_cost: Dollars,
+    /// Upstream calls with tokens whose target has no price.
+    unpriced_calls: AtomicU64,
 }
 
 /// The figures `/v1/stats` returns for one tenant or for all.
@@ -126,9 +165,27 @@ pub struct StatsView {
     pub embedding_items_sent: u64,
     /// Embeddings items answered without being sent (cache, a flight).
     pub embedding_items_saved: u64,
-    /// Input tokens not spent: the share of each saved item in the call
-    /// that embedded it.
+    /// Input tokens not spent: those of the calls that requests answered
+    /// without a call of their own did not make (for embeddings, the share
+    /// of each saved item in the call that embedded it).
     pub saved_input_tokens: u64,
+    /// Of those, the ones the provider would have read from its cache.
+    pub saved_cached_input_tokens: u64,
+    pub saved_output_tokens: u64,
+    /// What those calls would have cost, in US dollars; `null` when none
+    /// of them had a price (unknown, not zero).
+    pub saved_cost_usd: Option<f64>,
+    /// Saved calls whose target has no price (not in `saved_cost_usd`).
+    pub unpriced_saves: u64,
+    /// Tokens of the upstream calls made.
+    pub spent_input_tokens: u64,
+    pub spent_cached_input_tokens: u64,
+    pub spent_output_tokens: u64,
+    /// What the upstream calls cost, in US dollars; `null` when none had
+    /// a price.
+    pub spent_cost_usd: Option<f64>,
+    /// Upstream calls whose target has no price (not in `spent_cost_usd`).
+    pub unpriced_calls: u64,
 }
 
 /// The handles of every route, tenant and provider a configuration of
@@ -156,6 +213,11 @@ pub struct Metrics {
     unattributed: TenantStats,
     upstream: DashMap<(Arc<str>, u16), Counter>,
     attempts: DashMap<(Arc<str>, &'static str), Counter>,
+    /// `idem_tokens_total{route,provider,kind}`: tokens of upstream calls.
+    spent_tokens: DashMap<(Arc<str>, Arc<str>, &'static str), Counter>,
+    /// `idem_cost_total{route,provider}`: what they cost, for the targets
+    /// with a price (rendered by [`Metrics::render`]).
+    spent_cost: DashMap<(Arc<str>, Arc<str>), Arc<Dollars>>,
     pub inflight_flights: Gauge,
     pub jobs_unknown: Gauge,
     pub redis_errors: Tally,
@@ -282,6 +344,8 @@ impl Metrics {
             unattributed: TenantStats::default(),
             upstream: DashMap::new(),
             attempts: DashMap::new(),
+            spent_tokens: DashMap::new(),
+            spent_cost: DashMap::new(),
             inflight_flights,
             jobs_unknown,
             redis_errors,
@@ -377,6 +441,15 @@ impl Metrics {
                 "idem_saved_tokens_total",
                 &[("route", r), ("kind", "input")],
             ),
+            saved_cached_input_tokens: counter(
+                "idem_saved_tokens_total",
+                &[("route", r), ("kind", "cached_input")],
+            ),
+            saved_output_tokens: counter(
+                "idem_saved_tokens_total",
+                &[("route", r), ("kind", "output")],
+            ),
+            saved_cost: Dollars::default(),
         }
     }
 
@@ -415,7 +488,11 @@ impl Metrics {
         );
         d(
             "idem_saved_tokens_total",
-            "Tokens not spent because a request was answered without its own upstream call, by route and kind (input).",
+            "Tokens not spent because a request was answered without its own upstream call, by route and kind (input: every input token; cached_input: of those, the ones the provider would have read from its cache; output).",
+        );
+        d(
+            "idem_tokens_total",
+            "Tokens of the upstream calls made, by route, provider and kind (input: every input token; cached_input: of those, read from the provider's cache; output).",
         );
         d(
             "idem_upstream_answers_too_large_total",
@@ -498,7 +575,60 @@ impl Metrics {
             }
         }
         self.handle.run_upkeep();
-        self.handle.render()
+        let mut text = self.handle.render();
+        self.render_dollars(&mut text);
+        text
+    }
+
+    /// The dollar counters, which the exporter's integer counters cannot
+    /// hold: a series only for what has a price (no series: unknown).
+    fn render_dollars(&self, text: &mut String) {
+        use std::fmt::Write;
+        let mut spent: Vec<(String, f64)> = self
+            .spent_cost
+            .iter()
+            .filter_map(|e| {
+                let (route, provider) = e.key();
+                let labels = format!(
+                    "route=\"{}\",provider=\"{}\"",
+                    escape_label(route),
+                    escape_label(provider)
+                );
+                e.value().get().map(|d| (labels, d))
+            })
+            .collect();
+        let named = self.named.load();
+        let mut saved: Vec<(String, f64)> = named
+            .routes
+            .iter()
+            .filter_map(|(route, r)| {
+                let labels = format!("route=\"{}\"", escape_label(route));
+                r.saved_cost.get().map(|d| (labels, d))
+            })
+            .collect();
+        for (name, help, series) in [
+            (
+                "idem_cost_total",
+                "US dollars spent on upstream calls, from each call's usage and its target's price, by route and provider (no series: no price, the cost is unknown).",
+                &mut spent,
+            ),
+            (
+                "idem_saved_cost_total",
+                "US dollars not spent: what the calls that followers, cache hits and replays did not make would have cost, by route (no series: no price).",
+                &mut saved,
+            ),
+        ] {
+            if series.is_empty() {
+                continue;
+            }
+            series.sort_by(|a, b| a.0.cmp(&b.0));
+            let _ = writeln!(text, "# HELP {name} {help}");
+            let _ = writeln!(text, "# TYPE {name} counter");
+            for (labels, dollars) in series.iter() {
+                let _ = writeln!(text, "{name}{{{labels}}} {dollars}");
+            }
+            text.push('\n');
+        }
     }
 
     /// Reports a log writer's dropped lines as
@@ -555,6 +685,7 @@ impl Metrics {
         route: &str,
         by_outcome: &[(Outcome, u64)],
         saved_tokens: u64,
+        saved_cost: Option<f64>,
     ) {
         let named = self.named.load();
         let sent: u64 = by_outcome
@@ -570,12 +701,101 @@ impl Metrics {
                 }
             }
             r.saved_input_tokens.increment(saved_tokens);
+            if let Some(c) = saved_cost {
+                r.saved_cost.add(c);
+            }
         }
         if let Some(t) = named.tenants.get(tenant) {
             t.items.fetch_add(all, Ordering::Relaxed);
             t.items_sent.fetch_add(sent, Ordering::Relaxed);
             t.saved_input_tokens
                 .fetch_add(saved_tokens, Ordering::Relaxed);
+            match saved_cost {
+                Some(c) => t.saved_cost.add(c),
+                None if saved_tokens > 0 => {
+                    t.unpriced_saves.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// One upstream call of `tenant` on `route` to `provider` used `tokens`;
+    /// with a price, it cost that much (without, its cost is unknown).
+    pub fn spent(
+        &self,
+        tenant: &str,
+        route: &Arc<str>,
+        provider: &Arc<str>,
+        tokens: Tokens,
+        price: Option<Price>,
+    ) {
+        for (kind, n) in [
+            ("input", tokens.input),
+            ("cached_input", tokens.cached_input),
+            ("output", tokens.output),
+        ] {
+            self.spent_tokens
+                .entry((route.clone(), provider.clone(), kind))
+                .or_insert_with(|| {
+                    counter_on(
+                        &self.recorder,
+                        "idem_tokens_total",
+                        &[("route", route), ("provider", provider), ("kind", kind)],
+                    )
+                })
+                .increment(n);
+        }
+        let cost = price.map(|p| p.cost(&tokens));
+        if let Some(cost) = cost {
+            self.spent_cost
+                .entry((route.clone(), provider.clone()))
+                .or_default()
+                .add(cost);
+        }
+        if let Some(t) = self.named.load().tenants.get(tenant) {
+            t.spent_input_tokens
+                .fetch_add(tokens.input, Ordering::Relaxed);
+            t.spent_cached_input_tokens
+                .fetch_add(tokens.cached_input, Ordering::Relaxed);
+            t.spent_output_tokens
+                .fetch_add(tokens.output, Ordering::Relaxed);
+            match cost {
+                Some(c) => t.spent_cost.add(c),
+                None => {
+                    t.unpriced_calls.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// A request of `tenant` on `route` was answered without a call of its
+    /// own: it saved the tokens of the call that answered it and, with
+    /// that call's price, its cost.
+    pub fn saved(&self, tenant: &str, route: &str, tokens: Tokens, price: Option<Price>) {
+        let named = self.named.load();
+        let cost = price.map(|p| p.cost(&tokens));
+        if let Some(r) = named.routes.get(route) {
+            r.saved_input_tokens.increment(tokens.input);
+            r.saved_cached_input_tokens.increment(tokens.cached_input);
+            r.saved_output_tokens.increment(tokens.output);
+            if let Some(c) = cost {
+                r.saved_cost.add(c);
+            }
+        }
+        if let Some(t) = named.tenants.get(tenant) {
+            t.saved_input_tokens
+                .fetch_add(tokens.input, Ordering::Relaxed);
+            t.saved_cached_input_tokens
+                .fetch_add(tokens.cached_input, Ordering::Relaxed);
+            t.saved_output_tokens
+                .fetch_add(tokens.output, Ordering::Relaxed);
+            match cost {
+                Some(c) => t.saved_cost.add(c),
+                None => {
+                    t.unpriced_saves.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
     }
 
@@ -754,6 +974,19 @@ impl Metrics {
             v.embedding_items += get(&t.items);
             v.embedding_items_sent += get(&t.items_sent);
             v.saved_input_tokens += get(&t.saved_input_tokens);
+            v.saved_cached_input_tokens += get(&t.saved_cached_input_tokens);
+            v.saved_output_tokens += get(&t.saved_output_tokens);
+            v.unpriced_saves += get(&t.unpriced_saves);
+            v.spent_input_tokens += get(&t.spent_input_tokens);
+            v.spent_cached_input_tokens += get(&t.spent_cached_input_tokens);
+            v.spent_output_tokens += get(&t.spent_output_tokens);
+            v.unpriced_calls += get(&t.unpriced_calls);
+            let add = |sum: Option<f64>, d: &Dollars| match (sum, d.get()) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+            v.saved_cost_usd = add(v.saved_cost_usd, &t.saved_cost);
+            v.spent_cost_usd = add(v.spent_cost_usd, &t.spent_cost);
             if let Ok(h) = t.waits_us.lock()
                 && let Some(h) = h.as_ref()
             {
@@ -784,6 +1017,13 @@ impl Metrics {
     pub fn tenant_names(&self) -> Vec<String> {
         self.named.load().tenants.keys().cloned().collect()
     }
+}
+
+/// A label value in Prometheus' text format.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn outcome_index(o: Outcome) -> usize {

@@ -253,6 +253,16 @@ pub struct Entry<'a> {
     /// Token counts when the answer's own do not say them (an embeddings
     /// request's items, each with its share).
     pub usage: Option<(u64, u64)>,
+    /// What the call this request made cost, or what the call it did not
+    /// make would have cost (US dollars; None: unknown, or no call).
+    pub cost: Option<Cost>,
+}
+
+/// A request's money: spent on its own call, or saved by not making one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cost {
+    Spent(f64),
+    Saved(f64),
 }
 
 impl<'a> Entry<'a> {
@@ -280,6 +290,7 @@ impl<'a> Entry<'a> {
             answer: None,
             body: None,
             usage: None,
+            cost: None,
         }
     }
 
@@ -307,6 +318,11 @@ impl<'a> Entry<'a> {
 
     pub fn usage(mut self, usage: Option<(u64, u64)>) -> Self {
         self.usage = usage;
+        self
+    }
+
+    pub fn cost(mut self, cost: Option<Cost>) -> Self {
+        self.cost = cost;
         self
     }
 }
@@ -345,6 +361,14 @@ pub struct Line<'a> {
     pub upstream_ms: f64,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// US dollars its own upstream call cost (leaders, bypasses, jobs),
+    /// when the target has a price.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// US dollars the call it did not make would have cost (followers,
+    /// cache hits, replays), when that call's target has a price.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saved_cost: Option<f64>,
     /// The request's `messages`, only with `[log] bodies = true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub messages: Option<&'a Value>,
@@ -374,6 +398,14 @@ impl<'a> Line<'a> {
             upstream_ms: millis(upstream),
             prompt_tokens,
             completion_tokens,
+            cost: match e.cost {
+                Some(Cost::Spent(d)) => Some(d),
+                _ => None,
+            },
+            saved_cost: match e.cost {
+                Some(Cost::Saved(d)) => Some(d),
+                _ => None,
+            },
             messages: if bodies {
                 e.body.and_then(|b| b.get("messages"))
             } else {

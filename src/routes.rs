@@ -16,6 +16,7 @@ use crate::contracts::CertSlot;
 use crate::contracts::{Contract, ContractError};
 use crate::fingerprint::Rules;
 use crate::metrics::Metrics;
+use crate::prices::Price;
 use crate::providers::breaker::Breaker;
 use crate::providers::{Endpoint, Provider, Providers};
 
@@ -29,6 +30,8 @@ pub struct Target {
     pub breaker: Arc<Breaker>,
     /// The latest certification of this target for the route's contract.
     pub certificate: CertSlot,
+    /// What its tokens cost (None: unknown).
+    pub price: Option<Price>,
 }
 
 /// A route, ready for the request path.
@@ -81,6 +84,16 @@ impl Route {
             Endpoint::Embeddings => RouteEndpoint::Embeddings,
         };
         self.config.endpoints.contains(&wanted)
+    }
+
+    /// The price of the target whose answer this is (by its provider and
+    /// upstream model): what a request answered without a call of its own
+    /// saved.
+    pub fn price_of(&self, provider: &str, model: &str) -> Option<Price> {
+        self.targets
+            .iter()
+            .find(|t| &*t.provider.name == provider && &*t.model == model)
+            .and_then(|t| t.price)
     }
 
     pub fn target_configs(&self) -> &[TargetConfig] {
@@ -186,6 +199,7 @@ impl Routes {
                     model: Arc::from(t.model.as_str()),
                     breaker,
                     certificate: CertSlot::default(),
+                    price: Price::of_target(t.price.as_ref(), provider.kind, &t.model),
                 });
             }
             let contract = match &rc.contract {

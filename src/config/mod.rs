@@ -42,8 +42,8 @@ pub use providers::{
     chat_url,
 };
 pub use routes::{
-    MaxWait, Normalize, OnWaitTimeout, RouteAttempts, RouteCache, RouteCoalesce, RouteConfig,
-    RouteEndpoint, Scope, TargetConfig,
+    MaxWait, Normalize, OnWaitTimeout, PriceConfig, RouteAttempts, RouteCache, RouteCoalesce,
+    RouteConfig, RouteEndpoint, Scope, TargetConfig,
 };
 pub use server::{MaxConnections, ServerConfig};
 pub use storage::StorageConfig;

@@ -22,6 +22,23 @@ pub struct TargetConfig {
     /// default: the provider's `context_window`, else the model family's.
     #[serde(default)]
     pub context_window: Option<u32>,
+    /// What this target's tokens cost; default: the built-in price of the
+    /// model, if idem knows it (see `crate::prices`). Not part of the
+    /// fingerprint: a price changes what a call costs, not its answer.
+    #[serde(default)]
+    pub price: Option<PriceConfig>,
+}
+
+/// Prices in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+    /// Input tokens read from the provider's prompt cache; default: the
+    /// input price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_per_mtok: Option<f64>,
 }
 
 impl TargetConfig {
@@ -33,6 +50,23 @@ impl TargetConfig {
         }
         if self.context_window == Some(0) {
             return Err(source.invalid(format!("{at}.context_window"), "must be above zero"));
+        }
+        if let Some(p) = &self.price {
+            let prices = [
+                ("input_per_mtok", Some(p.input_per_mtok)),
+                ("output_per_mtok", Some(p.output_per_mtok)),
+                ("cached_input_per_mtok", p.cached_input_per_mtok),
+            ];
+            for (key, value) in prices {
+                if let Some(v) = value
+                    && !(v.is_finite() && v >= 0.0)
+                {
+                    return Err(source.invalid(
+                        format!("{at}.price.{key}"),
+                        "must be a number of US dollars per million tokens, 0 or more",
+                    ));
+                }
+            }
         }
         Ok(())
     }

@@ -19,6 +19,7 @@ use serde_json::{Map, Value, json};
 
 use crate::answer::{Answer, Failure};
 use crate::flight::Wire;
+use crate::prices::Tokens;
 use crate::providers::Endpoint;
 use crate::routes::{Route, Target};
 
@@ -276,7 +277,15 @@ impl Wire for Embeddings {
         let why = match serde_json::from_slice::<List<'_>>(&answer.body) {
             Ok(list) => match list.ordered(requests.len()) {
                 Ok(vectors) => match vectors.iter().find_map(|v| Vector::read(v).err()) {
-                    None => return Ok(answer),
+                    None => {
+                        // Read here, where the list is parsed anyway: what
+                        // the call spent.
+                        answer.set_tokens(list.usage.as_ref().map(|u| Tokens {
+                            input: u.prompt_tokens,
+                            ..Tokens::default()
+                        }));
+                        return Ok(answer);
+                    }
                     Some(why) => why,
                 },
                 Err(why) => why,

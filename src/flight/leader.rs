@@ -277,6 +277,17 @@ async fn call_and_settle(call: &Call, led: Vec<Led>) {
     };
     if let Some(t) = call.route.targets.get(call.target) {
         t.breaker.record(Health::of(&answer));
+        // What the call spent, whatever becomes of its answer (a contract
+        // violation was paid for too).
+        if let Some(tokens) = answer.tokens() {
+            call.metrics.spent(
+                &call.tenant,
+                &call.route.name,
+                &t.provider.name,
+                tokens,
+                t.price,
+            );
+        }
     }
     // On a contract route nothing reaches a follower, the cache or a job
     // before the answer is checked; `upstream` buffered a streamed answer,

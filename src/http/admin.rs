@@ -125,6 +125,14 @@ pub fn routes_view(routes: &Routes, circuits: bool) -> Vec<Value> {
                         "primary": t.index == 0,
                         "certification": certification,
                         "failover_allowed": failover::certified_for_failover(route, t),
+                        "price": t.price.map(|p| json!({
+                            "input_per_mtok": p.input_per_mtok,
+                            "cached_input_per_mtok": p.cached_input_per_mtok,
+                            "output_per_mtok": p.output_per_mtok,
+                            "currency": "USD",
+                            "source": p.source,
+                            "as_of": (p.source == "built-in").then_some(crate::prices::BUILT_IN_AS_OF),
+                        })),
                     });
                     if circuits {
                         v["circuit"] = json!(t.breaker.view());

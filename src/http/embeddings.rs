@@ -29,6 +29,7 @@ use crate::endpoints::embeddings::{self as wire, EMBEDDINGS, Encoding};
 use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{RequestBody, Source};
 use crate::outcome::Outcome;
+use crate::prices::Tokens;
 use crate::providers::Endpoint;
 use crate::routes::Route;
 use crate::task::{Count, Finish, Line, Task};
@@ -241,17 +242,32 @@ impl Reply<'_> {
                 None => by_outcome.push((*o, 1)),
             }
         }
-        let saved_tokens = items
+        let saved: Vec<&Arc<Answer>> = items
             .iter()
             .filter(|(o, a)| o.saved_a_call() && a.is_success())
-            .map(|(_, a)| wire::tokens_of(a))
-            .sum();
+            .map(|(_, a)| a)
+            .collect();
+        let saved_tokens = saved.iter().map(|a| wire::tokens_of(a)).sum();
+        // What the saved items would have cost: each at the input price of
+        // the target that embedded it; unknown if any of them has none.
+        let saved_cost = saved
+            .iter()
+            .map(|a| {
+                let price = self.route.price_of(&a.provider, &a.model)?;
+                let tokens = Tokens {
+                    input: wire::tokens_of(a),
+                    ..Tokens::default()
+                };
+                Some(price.cost(&tokens))
+            })
+            .sum::<Option<f64>>()
+            .filter(|_| !saved.is_empty());
         let tokens: u64 = items.iter().map(|(_, a)| wire::tokens_of(a)).sum();
         self.finish(
             Count::Answered(outcome),
             outcome.as_str(),
             resp.status(),
-            Some((&by_outcome, saved_tokens)),
+            Some((&by_outcome, saved_tokens, saved_cost)),
             items.first().map(|(_, a)| (a.clone(), tokens)),
         );
         resp
@@ -262,7 +278,7 @@ impl Reply<'_> {
         count: Count,
         outcome: &'static str,
         status: StatusCode,
-        items: Option<(&[(Outcome, u64)], u64)>,
+        items: Option<(&[(Outcome, u64)], u64, Option<f64>)>,
         answer: Option<(Arc<Answer>, u64)>,
     ) {
         let (answer, usage) = match answer {
@@ -285,6 +301,8 @@ impl Reply<'_> {
                 usage,
             }),
             items,
+            priced: Some(&self.route),
+            answered: None,
         });
     }
 }

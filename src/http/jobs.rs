@@ -142,6 +142,7 @@ pub async fn create(
             answer_of_job: None,
             usage: None,
         }),
+        priced: Some(&route),
         ..Finish::default()
     });
     Ok(resp)
@@ -246,6 +247,7 @@ pub async fn chat(
             answer_of_job: Some(answer),
             usage: None,
         }),
+        priced: Some(route),
         ..Finish::default()
     });
     Ok(resp)

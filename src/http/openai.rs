@@ -270,6 +270,7 @@ async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Re
             answer_of_job: None,
             usage: None,
         }),
+        priced: Some(&a.route),
         ..Finish::default()
     });
     Ok(resp)

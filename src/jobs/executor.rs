@@ -502,6 +502,8 @@ impl AttemptCtx {
                     route: Some(&self.route.name),
                     count: Some(Count::Answered(delivery.outcome)),
                     line: None,
+                    priced: Some(&self.route),
+                    answered: Some(&answer),
                     ..Finish::default()
                 });
             }

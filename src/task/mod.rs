@@ -25,7 +25,7 @@ use crate::fingerprint::Fingerprint;
 use crate::flight::{Ask, Coalescer, Delivery, FlightError, RequestBody, Source, Wire, reported};
 use crate::metrics::Metrics;
 use crate::outcome::{Outcome, Refusal};
-use crate::reqlog::{Entry, RequestLog};
+use crate::reqlog::{Cost, Entry, RequestLog};
 use crate::routes::{Route, Target};
 
 /// Why the core gave a task no answer at all (an answer that is an error
@@ -295,12 +295,33 @@ impl Core {
             }
             None => {}
         }
-        if let (Some((by_outcome, saved)), Some(tenant), Some(route)) = (f.items, f.tenant, f.route)
+        if let (Some((by_outcome, saved, saved_cost)), Some(tenant), Some(route)) =
+            (f.items, f.tenant, f.route)
         {
             self.metrics
-                .embedding_items(tenant, route, by_outcome, saved);
+                .embedding_items(tenant, route, by_outcome, saved, saved_cost);
         }
+        // A chat request answered without a call of its own saved that
+        // call: counted once its answer is known (a live stream's at its
+        // end). An embeddings request's items are counted above.
+        let saver = match f.count {
+            Some(Count::Answered(o)) if o.saved_a_call() && f.items.is_none() => Some(o),
+            _ => None,
+        };
+        // An embeddings request's line says what its saved items would
+        // have cost (its sent items share calls with other requests).
+        let items_cost = f.items.map(|(_, _, cost)| cost.map(Cost::Saved));
         let (Some(line), Some(tenant), Some(route)) = (f.line, f.tenant, f.route) else {
+            if let (Some(a), Some(tenant), Some(route)) = (f.answered, f.tenant, f.route) {
+                account(
+                    &self.metrics,
+                    tenant,
+                    route,
+                    saver,
+                    a,
+                    f.priced.map(|r| &**r),
+                );
+            }
             return;
         };
         let logged = match line.body {
@@ -314,12 +335,17 @@ impl Core {
                 let (fp, outcome, status, started) =
                     (line.fp, line.outcome, line.status, line.started);
                 let reqlog = self.reqlog.clone();
+                let (metrics, priced) = (self.metrics.clone(), f.priced.cloned());
                 self.background.spawn(async move {
                     // Every flight ends: its leader's ticket finishes it on drop.
                     let answer = flight.done(None).await;
+                    let cost = answer.as_deref().and_then(|a| {
+                        account(&metrics, &tenant, &route, saver, a, priced.as_deref())
+                    });
                     let mut entry = Entry::new(&tenant, &route, &fp, outcome, status, started)
                         .answer(answer.as_deref())
-                        .body_if(logged.as_deref());
+                        .body_if(logged.as_deref())
+                        .cost(cost);
                     entry.latency = head_latency;
                     reqlog.write(&entry);
                 });
@@ -329,6 +355,19 @@ impl Core {
                     Some(Source::Done(done)) => Some(done),
                     Some(Source::Live(f)) => f.answer(),
                     None => line.answer_of_job,
+                };
+                let cost = match items_cost {
+                    Some(cost) => cost,
+                    None => answer.as_deref().and_then(|a| {
+                        account(
+                            &self.metrics,
+                            tenant,
+                            route,
+                            saver,
+                            a,
+                            f.priced.map(|r| &**r),
+                        )
+                    }),
                 };
                 let mut entry = Entry::new(
                     tenant,
@@ -340,7 +379,8 @@ impl Core {
                 )
                 .answer(answer.as_deref())
                 .body_if(logged.as_deref())
-                .usage(line.usage);
+                .usage(line.usage)
+                .cost(cost);
                 if let Some((id, attempt)) = line.job {
                     entry = entry.job(id, attempt);
                 }
@@ -348,6 +388,32 @@ impl Core {
             }
         }
     }
+}
+
+/// The money of one request's answer: for a request answered without a
+/// call of its own (`saver`), the tokens and cost of the call it did not
+/// make, counted as saved; else what its answer's call cost (counted as
+/// spent where the call was made, in the flight). `None`: no tokens, or no
+/// price (the cost is unknown).
+fn account(
+    metrics: &Metrics,
+    tenant: &str,
+    route: &str,
+    saver: Option<Outcome>,
+    answer: &Answer,
+    priced: Option<&Route>,
+) -> Option<Cost> {
+    let tokens = answer.tokens()?;
+    let price = priced.and_then(|r| r.price_of(&answer.provider, &answer.model));
+    if saver.is_some() {
+        metrics.saved(tenant, route, tokens, price);
+    }
+    let cost = price?.cost(&tokens);
+    Some(if saver.is_some() {
+        Cost::Saved(cost)
+    } else {
+        Cost::Spent(cost)
+    })
 }
 
 /// Where a delivery stands.
@@ -389,8 +455,15 @@ pub struct Finish<'a> {
     /// Its request-log line, once it has a fingerprint.
     pub line: Option<Line<'a>>,
     /// An embeddings request's items: how many were answered each way, and
-    /// the input tokens those not sent saved.
-    pub items: Option<(&'a [(Outcome, u64)], u64)>,
+    /// the input tokens those not sent saved, and what they would have cost
+    /// (None: unknown).
+    pub items: Option<(&'a [(Outcome, u64)], u64, Option<f64>)>,
+    /// The route, for the prices of its targets: what a request's answer
+    /// cost or, answered without a call of its own, saved.
+    pub priced: Option<&'a Arc<Route>>,
+    /// The answer of a request counted without a line (a job's first
+    /// attempt), for what it saved.
+    pub answered: Option<&'a Answer>,
 }
 
 /// A request-log line's parts.

@@ -288,12 +288,12 @@ fn raw_bodies_without_times_report_time_figures_as_unavailable() {
 }
 
 /// A gateway serving in this process with a request log file.
-struct LoggingGateway {
-    mocks: Mocks,
-    base: String,
+pub struct LoggingGateway {
+    pub mocks: Mocks,
+    pub base: String,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
-    state: AppState,
+    pub state: AppState,
 }
 
 /// A gateway writing its request log to `path`.
@@ -301,7 +301,7 @@ async fn gateway_logging_to(path: &Path, bodies: bool) -> LoggingGateway {
     gateway_logging_with(&Spec::default(), path, bodies).await
 }
 
-async fn gateway_logging_with(spec: &Spec, path: &Path, bodies: bool) -> LoggingGateway {
+pub async fn gateway_logging_with(spec: &Spec, path: &Path, bodies: bool) -> LoggingGateway {
     let spec = spec.clone();
     let mocks = start_mocks(&spec).await;
     let dir = path.parent().unwrap();
@@ -333,13 +333,13 @@ async fn gateway_logging_with(spec: &Spec, path: &Path, bodies: bool) -> Logging
 
 impl LoggingGateway {
     /// Stops the gateway and waits (bounded) for it to finish serving.
-    async fn stop(self) {
+    pub async fn stop(self) {
         let _ = self.stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
     }
 }
 
-async fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
+pub async fn log_lines(path: &PathBuf, n: usize) -> Vec<Value> {
     eventually(Duration::from_secs(10), || {
         std::fs::read_to_string(path).is_ok_and(|t| t.lines().count() >= n)
     })

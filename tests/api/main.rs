@@ -27,4 +27,5 @@ mod redis_outage;
 mod reload;
 mod rendering;
 mod replicas;
+mod savings;
 mod takeover;
