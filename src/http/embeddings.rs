@@ -32,7 +32,7 @@ use crate::outcome::Outcome;
 use crate::prices::Tokens;
 use crate::providers::Endpoint;
 use crate::routes::Route;
-use crate::task::{Count, Finish, Line, Task};
+use crate::task::{Count, Finish, Items, Line, Task};
 
 pub const IDEM_ITEMS_SENT: HeaderName = HeaderName::from_static("idem-items-sent");
 pub const IDEM_ITEMS_SAVED: HeaderName = HeaderName::from_static("idem-items-saved");
@@ -267,7 +267,11 @@ impl Reply<'_> {
             Count::Answered(outcome),
             outcome.as_str(),
             resp.status(),
-            Some((&by_outcome, saved_tokens, saved_cost)),
+            Some(Items {
+                by_outcome: &by_outcome,
+                saved_tokens,
+                saved_cost,
+            }),
             items.first().map(|(_, a)| (a.clone(), tokens)),
         );
         resp
@@ -278,7 +282,7 @@ impl Reply<'_> {
         count: Count,
         outcome: &'static str,
         status: StatusCode,
-        items: Option<(&[(Outcome, u64)], u64, Option<f64>)>,
+        items: Option<Items<'_>>,
         answer: Option<(Arc<Answer>, u64)>,
     ) {
         let (answer, usage) = match answer {
@@ -301,7 +305,7 @@ impl Reply<'_> {
                 usage,
             }),
             items,
-            priced: Some(&self.route),
+            priced: Some(self.route),
             answered: None,
         });
     }

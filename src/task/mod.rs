@@ -295,11 +295,14 @@ impl Core {
             }
             None => {}
         }
-        if let (Some((by_outcome, saved, saved_cost)), Some(tenant), Some(route)) =
-            (f.items, f.tenant, f.route)
-        {
-            self.metrics
-                .embedding_items(tenant, route, by_outcome, saved, saved_cost);
+        if let (Some(items), Some(tenant), Some(route)) = (f.items, f.tenant, f.route) {
+            self.metrics.embedding_items(
+                tenant,
+                route,
+                items.by_outcome,
+                items.saved_tokens,
+                items.saved_cost,
+            );
         }
         // A chat request answered without a call of its own saved that
         // call: counted once its answer is known (a live stream's at its
@@ -310,7 +313,7 @@ impl Core {
         };
         // An embeddings request's line says what its saved items would
         // have cost (its sent items share calls with other requests).
-        let items_cost = f.items.map(|(_, _, cost)| cost.map(Cost::Saved));
+        let items_cost = f.items.map(|i| i.saved_cost.map(Cost::Saved));
         let (Some(line), Some(tenant), Some(route)) = (f.line, f.tenant, f.route) else {
             if let (Some(a), Some(tenant), Some(route)) = (f.answered, f.tenant, f.route) {
                 account(
@@ -454,16 +457,24 @@ pub struct Finish<'a> {
     pub count: Option<Count>,
     /// Its request-log line, once it has a fingerprint.
     pub line: Option<Line<'a>>,
-    /// An embeddings request's items: how many were answered each way, and
-    /// the input tokens those not sent saved, and what they would have cost
-    /// (None: unknown).
-    pub items: Option<(&'a [(Outcome, u64)], u64, Option<f64>)>,
+    /// An embeddings request's items.
+    pub items: Option<Items<'a>>,
     /// The route, for the prices of its targets: what a request's answer
     /// cost or, answered without a call of its own, saved.
     pub priced: Option<&'a Arc<Route>>,
     /// The answer of a request counted without a line (a job's first
     /// attempt), for what it saved.
     pub answered: Option<&'a Answer>,
+}
+
+/// An embeddings request's items: how many were answered each way, the
+/// input tokens those not sent saved, and what they would have cost
+/// (None: unknown).
+#[derive(Clone, Copy)]
+pub struct Items<'a> {
+    pub by_outcome: &'a [(Outcome, u64)],
+    pub saved_tokens: u64,
+    pub saved_cost: Option<f64>,
 }
 
 /// A request-log line's parts.
