@@ -86,6 +86,16 @@ impl Price {
     }
 }
 
+/// The built-in price of a model known by its name only (a log line's
+/// `model`): Anthropic's table for `claude-...`, else OpenAI's.
+pub fn built_in_by_name(model: &str) -> Option<Price> {
+    if model.starts_with("claude") {
+        built_in(ANTHROPIC, model)
+    } else {
+        built_in(OPENAI, model)
+    }
+}
+
 /// The built-in price of `model`: the longest known name it starts with,
 /// followed by nothing, a dated snapshot (`-2024-07-18`, `-20241022`) or
 /// `-latest`, so that `gpt-4o-mini-2024-07-18` is `gpt-4o-mini` and never

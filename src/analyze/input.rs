@@ -21,6 +21,7 @@ use serde_json::{Map, Value};
 use super::text::TextLine;
 use crate::config::{Config, Normalize, RouteConfig, Scope};
 use crate::fingerprint::{self, Fingerprint, Rules};
+use crate::prices::Price;
 
 /// One request, as the simulation needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +38,19 @@ pub struct Event {
     pub cacheable: bool,
     /// Input order, to break ties between equal times.
     pub seq: u32,
+    /// The tokens of the line's answer (`prompt_tokens`,
+    /// `completion_tokens`); 0 when absent.
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    /// Its price: an index into [`Collector::prices`], or [`NO_PRICE`].
+    pub price: u32,
 }
+
+/// Who answered a line: its route, provider and model.
+type Answerer = (Box<str>, Box<str>, Box<str>);
+
+/// An [`Event`] whose answer has no known price.
+pub const NO_PRICE: u32 = u32::MAX;
 
 /// A (tenant, fingerprint) pair: requests that would share a call.
 #[derive(Debug, Clone)]
@@ -79,6 +92,9 @@ pub struct RawRules {
     pub route: Option<String>,
     /// The tenant of every body.
     pub tenant: String,
+    /// `--input-price` and `--output-price`: every line's price, over the
+    /// config's and the built-in ones.
+    pub price: Option<Price>,
 }
 
 /// Accumulates events from any number of inputs.
@@ -94,6 +110,9 @@ pub struct Collector {
     /// `upstream_ms` of lines that made their own call (`leader`, `bypass`),
     /// in microseconds.
     pub leader_upstream_us: Vec<u64>,
+    /// The prices lines named, by [`Event::price`].
+    pub prices: Vec<Price>,
+    price_ids: HashMap<Answerer, u32>,
     by_key: HashMap<(u32, [u8; 32]), u32>,
     tenant_ids: HashMap<Box<str>, u32>,
     route_ids: HashMap<Box<str>, u32>,
@@ -122,6 +141,14 @@ struct Probe<'a> {
     status: Option<u64>,
     #[serde(default)]
     upstream_ms: Option<f64>,
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(borrow, default)]
+    provider: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
     #[serde(default)]
     messages: Option<IgnoredAny>,
 }
@@ -381,6 +408,12 @@ impl Collector {
         let odd_text = (!parsed).then_some(text);
         let tenant = p.tenant.as_deref().unwrap_or("");
         let cacheable = p.status.is_none_or(|s| s < 400);
+        let price = self.price_id(
+            route,
+            p.provider.as_deref().unwrap_or(""),
+            p.model.as_deref().unwrap_or(""),
+        );
+        let tokens = |n: Option<u64>| u32::try_from(n.unwrap_or(0)).unwrap_or(u32::MAX);
         self.push(
             tenant,
             route,
@@ -390,6 +423,47 @@ impl Collector {
             upstream_us,
             cacheable,
         );
+        if let Some(e) = self.events.last_mut() {
+            e.input_tokens = tokens(p.prompt_tokens);
+            e.output_tokens = tokens(p.completion_tokens);
+            e.price = price;
+        }
+    }
+
+    /// The price of an answer from `provider`'s `model` on `route`: the
+    /// flags' price, else the config's target's (its own or the built-in
+    /// one of its model), else the built-in price of the model's name.
+    fn price_id(&mut self, route: &str, provider: &str, model: &str) -> u32 {
+        let key = (route.into(), provider.into(), model.into());
+        if let Some(id) = self.price_ids.get(&key) {
+            return *id;
+        }
+        let configured = || {
+            let config = self.raw.config.as_ref()?;
+            let target = config
+                .routes
+                .iter()
+                .find(|r| r.model == route)?
+                .targets
+                .iter()
+                .find(|t| t.provider == provider && t.model == model)?;
+            let kind = config.provider(provider)?.kind;
+            Price::of_target(target.price.as_ref(), kind, model)
+        };
+        let price = self
+            .raw
+            .price
+            .or_else(configured)
+            .or_else(|| crate::prices::built_in_by_name(model));
+        let id = match price {
+            Some(p) => {
+                self.prices.push(p);
+                u32::try_from(self.prices.len() - 1).unwrap_or(NO_PRICE)
+            }
+            None => NO_PRICE,
+        };
+        self.price_ids.insert(key, id);
+        id
     }
 
     fn raw_line(&mut self, line: &[u8]) {
@@ -494,6 +568,9 @@ impl Collector {
             upstream_us,
             cacheable,
             seq,
+            input_tokens: 0,
+            output_tokens: 0,
+            price: NO_PRICE,
         });
     }
 
@@ -597,6 +674,7 @@ mod tests {
                 config: Some(config),
                 route: None,
                 tenant: "acme".into(),
+                price: None,
             },
         );
         c.line(br#"{"model":"faq","messages":[{"role":"user","content":"Where is my order?"}]}"#);

@@ -23,6 +23,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::config::{Config, ConfigError};
+use crate::prices::Price;
 pub use input::{Collector, RawRules};
 pub use report::{Report, ReportOptions, Wait};
 
@@ -59,6 +60,32 @@ pub struct AnalyzeArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The price of every line's input tokens, in US dollars per million
+    /// (with `--output-price`); default: each line's target's price in
+    /// `--config`, else the built-in price of its `model`.
+    #[arg(long, requires = "output_price")]
+    pub input_price: Option<f64>,
+    /// The price of every line's output tokens, in US dollars per million.
+    #[arg(long, requires = "input_price")]
+    pub output_price: Option<f64>,
+}
+
+impl AnalyzeArgs {
+    /// `--input-price` and `--output-price` as one price.
+    fn price(&self) -> Result<Option<Price>, AnalyzeError> {
+        let (Some(input), Some(output)) = (self.input_price, self.output_price) else {
+            return Ok(None);
+        };
+        if !(input.is_finite() && input >= 0.0 && output.is_finite() && output >= 0.0) {
+            return Err(AnalyzeError::Price);
+        }
+        Ok(Some(Price {
+            input_per_mtok: input,
+            cached_input_per_mtok: input,
+            output_per_mtok: output,
+            source: "flags",
+        }))
+    }
 }
 
 /// Why `idem analyze` could not produce a report.
@@ -84,6 +111,10 @@ pub enum AnalyzeError {
     },
     #[error("cannot write the report: {0}")]
     Write(std::io::Error),
+    #[error(
+        "--input-price and --output-price are US dollars per million tokens: numbers, 0 or more"
+    )]
+    Price,
     /// The report is written first; the exit status says it had nothing
     /// to count.
     #[error(
@@ -128,6 +159,7 @@ impl Options {
                 config,
                 route: args.route.clone(),
                 tenant: args.tenant.clone(),
+                price: args.price()?,
             },
             only_route: args.route.clone(),
             report: ReportOptions {

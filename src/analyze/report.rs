@@ -246,7 +246,7 @@ impl Report {
             wait_us,
             ttl_us: us(opts.ttl),
         };
-        let simulation = timed.then(|| simulate::simulate(events, settings));
+        let simulation = timed.then(|| simulate::simulate(events, settings, &c.prices));
         let gaps = if timed {
             simulate::repeat_gaps(events)
         } else {
@@ -283,7 +283,7 @@ impl Report {
                 wait_us: recommendation.max_wait_ms.map_or(wait_us, |ms| ms * 1000),
                 ttl_us: recommendation.ttl_s.map_or(us(opts.ttl), |s| s * 1_000_000),
             };
-            recommendation.simulation = Some(simulate::simulate(events, rec));
+            recommendation.simulation = Some(simulate::simulate(events, rec, &c.prices));
         }
 
         Report {
@@ -464,6 +464,22 @@ fn savings_text(out: &mut String, s: &Savings) {
         pct(s.saved_share)
     );
     let _ = writeln!(out, "  wait timeouts         {:>10}", s.wait_timeouts);
+    let _ = writeln!(
+        out,
+        "  saved tokens          {:>10}   ({} input, {} output)",
+        s.saved_input_tokens + s.saved_output_tokens,
+        s.saved_input_tokens,
+        s.saved_output_tokens
+    );
+    let cost = match s.saved_cost_usd {
+        Some(d) => format!("{:>10}", format!("${d:.6}")),
+        None => format!("{:>10}", "unknown"),
+    };
+    let unpriced = match s.unpriced_saves {
+        0 => String::new(),
+        n => format!("   ({n} saved requests without a price are not in it)"),
+    };
+    let _ = writeln!(out, "  saved cost            {cost}{unpriced}");
 }
 
 fn quantiles_text(q: &Option<Quantiles>) -> String {

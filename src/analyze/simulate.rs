@@ -20,13 +20,18 @@
 //!    at all otherwise.
 //!
 //! Windows are half-open: a repeat exactly at `end` is not a follower, and
-//! one exactly at `cache_until` is not a cache hit. The cache's jitter and
+//! one exactly at `cache_until` is not a cache hit.
+//!
+//! A saved request (follower or cache hit) saves the tokens of the call
+//! that answers it: its leader's line's `prompt_tokens` and
+//! `completion_tokens`, at the leader's price when it has one. The cache's jitter and
 //! the negative cache are not modelled; tenants are never merged, because
 //! groups are per tenant.
 
 use serde::Serialize;
 
-use super::input::Event;
+use super::input::{Event, NO_PRICE};
+use crate::prices::{Price, Tokens};
 
 /// The wait window and TTL a simulation runs with, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +55,14 @@ pub struct Savings {
     /// `saved / requests`.
     pub saved_share: f64,
     pub wait_timeouts: u64,
+    /// The tokens the saved requests did not spend.
+    pub saved_input_tokens: u64,
+    pub saved_output_tokens: u64,
+    /// What they would have cost, in US dollars; `None` when no saved
+    /// request's call had a price.
+    pub saved_cost_usd: Option<f64>,
+    /// Saved requests whose call has no price (not in `saved_cost_usd`).
+    pub unpriced_saves: u64,
 }
 
 /// Orders events by group, then arrival, then input order: the order
@@ -62,8 +75,9 @@ fn signed(us: u64) -> i64 {
     i64::try_from(us).unwrap_or(i64::MAX)
 }
 
-/// Runs the rule of the module documentation over `sorted` events.
-pub fn simulate(sorted: &[Event], s: Settings) -> Savings {
+/// Runs the rule of the module documentation over `sorted` events, with
+/// the events' `prices`.
+pub fn simulate(sorted: &[Event], s: Settings, prices: &[Price]) -> Savings {
     let wait = signed(s.wait_us);
     let ttl = signed(s.ttl_us);
     let mut out = Savings {
@@ -72,22 +86,48 @@ pub fn simulate(sorted: &[Event], s: Settings) -> Savings {
         requests: sorted.len() as u64,
         ..Savings::default()
     };
+    // Summed in nano-dollars, so that the order of the sum does not change
+    // the figure.
+    let mut saved_nanos: u64 = 0;
+    let mut priced_saves: u64 = 0;
     for group in sorted.chunk_by(|a, b| a.group == b.group) {
         let mut end = i64::MIN;
         let mut cache_until = i64::MIN;
+        // The event whose call answers the saved ones.
+        let mut call: Option<&Event> = None;
+        let mut save = |call: Option<&Event>| {
+            let Some(c) = call else { return };
+            let tokens = Tokens {
+                input: u64::from(c.input_tokens),
+                cached_input: 0,
+                output: u64::from(c.output_tokens),
+            };
+            out.saved_input_tokens += tokens.input;
+            out.saved_output_tokens += tokens.output;
+            match prices.get(c.price as usize).filter(|_| c.price != NO_PRICE) {
+                Some(p) => {
+                    saved_nanos += crate::prices::nanos(p.cost(&tokens));
+                    priced_saves += 1;
+                }
+                None => out.unpriced_saves += 1,
+            }
+        };
         for e in group {
             let t = e.time_us;
             if t < end {
                 if end.saturating_sub(t) <= wait {
                     out.saved_by_coalescing += 1;
+                    save(call);
                 } else {
                     out.wait_timeouts += 1;
                     out.upstream_calls += 1;
                 }
             } else if t < cache_until {
                 out.saved_by_cache += 1;
+                save(call);
             } else {
                 out.upstream_calls += 1;
+                call = Some(e);
                 let d = if e.upstream_us > 0 {
                     signed(e.upstream_us)
                 } else {
@@ -103,6 +143,7 @@ pub fn simulate(sorted: &[Event], s: Settings) -> Savings {
         }
     }
     out.saved = out.saved_by_coalescing + out.saved_by_cache;
+    out.saved_cost_usd = (priced_saves > 0).then(|| saved_nanos as f64 / 1e9);
     if out.requests > 0 {
         out.saved_share = out.saved as f64 / out.requests as f64;
     }
@@ -150,6 +191,9 @@ mod tests {
                 upstream_us: up,
                 cacheable: true,
                 seq: g * 1000 + i as u32,
+                input_tokens: 0,
+                output_tokens: 0,
+                price: NO_PRICE,
             })
             .collect()
     }
@@ -162,6 +206,7 @@ mod tests {
                 wait_us: wait_ms * 1000,
                 ttl_us: ttl_s * 1_000_000,
             },
+            &[],
         )
     }
 

@@ -729,3 +729,94 @@ async fn a_stream_still_running_at_shutdown_keeps_its_log_line() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A known log: what a cache and coalescing would have saved, in tokens and
+/// dollars, to the nano-dollar.
+#[test]
+fn analyze_prints_the_saved_cost_of_a_known_log_exactly() {
+    let dir = temp_dir();
+    let path = dir.join("requests.jsonl");
+    let fp = |n: u8| format!("v1:{}", hex::encode([n; 32]));
+    let line = |t: &str, fp: &str, outcome: &str, model: &str, tokens: (u64, u64)| {
+        format!(
+            r#"{{"time":"2025-03-01T09:00:{t}Z","tenant":"acme","route":"bot","fingerprint":"{fp}","outcome":"{outcome}","provider":"primary","model":"{model}","status":200,"latency_ms":100.0,"upstream_ms":100.0,"prompt_tokens":{},"completion_tokens":{}}}"#,
+            tokens.0, tokens.1
+        )
+    };
+    let (a, b) = (fp(1), fp(2));
+    let log = [
+        // gpt-4o-mini (built-in: $0.15 in, $0.60 out per million): a call
+        // of 1000 + 500 tokens costs $0.00045; a follower and a cache hit
+        // save it twice.
+        line(
+            "00.000",
+            &a,
+            "leader",
+            "gpt-4o-mini-2024-07-18",
+            (1000, 500),
+        ),
+        line(
+            "00.010",
+            &a,
+            "follower",
+            "gpt-4o-mini-2024-07-18",
+            (1000, 500),
+        ),
+        line(
+            "05.000",
+            &a,
+            "cache-hit",
+            "gpt-4o-mini-2024-07-18",
+            (1000, 500),
+        ),
+        // A model without a price: tokens saved, cost unknown.
+        line("00.000", &b, "leader", "llama-local", (100, 50)),
+        line("00.020", &b, "follower", "llama-local", (100, 50)),
+    ]
+    .join("\n");
+    std::fs::write(&path, log).unwrap();
+    let analyze = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["analyze", "--wait", "1s", "--ttl", "30s"])
+            .args(extra)
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = analyze(&[]);
+    assert!(
+        text.contains("saved tokens                3150   (2100 input, 1050 output)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "saved cost             $0.000900   (1 saved requests without a price are not in it)"
+        ),
+        "{text}"
+    );
+    // With prices for every line: $1 in, $2 out per million. Saved: two
+    // calls of 1000 + 500 ($0.002 each) and one of 100 + 50 ($0.0002).
+    let text = analyze(&["--input-price", "1", "--output-price", "2"]);
+    assert!(
+        text.contains("saved cost             $0.004200\n"),
+        "{text}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "analyze",
+            "--json",
+            "--input-price",
+            "1",
+            "--output-price",
+            "2",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["simulation"]["saved_cost_usd"], 0.0042, "{v}");
+    assert_eq!(v["simulation"]["unpriced_saves"], 0, "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
