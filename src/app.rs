@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::reqlog::RequestLog;
 use crate::store::sqlite::ServeLock;
 use crate::task::Core;
+use crate::telemetry::Telemetry;
 
 /// A gateway ready to serve.
 pub struct App {
@@ -98,7 +99,15 @@ impl App {
         if let Some(dropped) = reqlog.dropped_lines() {
             metrics.watch_log_drops("file", dropped);
         }
+        let telemetry = if config.telemetry.otlp_endpoint.is_some() {
+            let t = Telemetry::from_config(&config.telemetry, metrics.spans_dropped())?;
+            tracing::info!(url = %config.telemetry.traces_url().unwrap_or_default(), "traces: exporting spans over OTLP/HTTP");
+            t
+        } else {
+            Telemetry::off()
+        };
         let core = Core {
+            telemetry: Arc::new(telemetry),
             coalescer,
             metrics: metrics.clone(),
             reqlog: Arc::new(reqlog),
@@ -219,6 +228,10 @@ impl App {
             served
         })
         .await;
+        // What is still queued goes to the collector, within its timeout,
+        // off the runtime's threads.
+        let telemetry = state.core.telemetry.clone();
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
         match drained {
             Ok(Ok(())) => tracing::info!("stopped"),
             Ok(Err(e)) => return Err(e).context("server task failed"),

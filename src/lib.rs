@@ -67,6 +67,7 @@ pub mod routes;
 pub mod sse;
 pub mod store;
 pub mod task;
+pub mod telemetry;
 pub mod tenants;
 
 #[cfg(test)]
@@ -97,6 +98,7 @@ mod layout {
         "sse",
         "store",
         "task",
+        "telemetry",
         "tenants",
     ];
 

@@ -7,7 +7,8 @@
 //! so a request sees one configuration, the one it started with, and the
 //! next request the new one. What cannot change under a running gateway
 //! (the listener, the store, the coalescing backend, the job workers, the
-//! logs) is refused by a reload with a message that it needs a restart.
+//! logs, the trace exporter) is refused by a reload with a message that it
+//! needs a restart.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
@@ -113,6 +114,7 @@ fn restart_only(old: &Config, new: &Config) -> Vec<&'static str> {
     check("jobs", Config::same(&old.jobs, &new.jobs));
     check("log", Config::same(&old.log, &new.log));
     check("contracts", Config::same(&old.contracts, &new.contracts));
+    check("telemetry", Config::same(&old.telemetry, &new.telemetry));
     changed
 }
 

@@ -523,6 +523,10 @@ impl Metrics {
             "Requests refused with 429 by a tenant's rate limit.",
         );
         d(
+            "idem_trace_spans_dropped_total",
+            "Trace spans dropped because their export to the OTLP collector failed (traces on).",
+        );
+        d(
             "idem_config_reloads_total",
             "Configuration reloads (SIGHUP, POST /v1/admin/reload) by result: ok, refused (the configuration in force stayed).",
         );
@@ -921,6 +925,13 @@ impl Metrics {
             self.reloads_refused.increment(1);
         }
         self.last_reload_ok.set(if ok { 1.0 } else { 0.0 });
+    }
+
+    /// `idem_trace_spans_dropped_total`: spans an export could not send.
+    pub fn spans_dropped(&self) -> Counter {
+        let c = counter_on(&self.recorder, "idem_trace_spans_dropped_total", &[]);
+        c.absolute(0);
+        c
     }
 
     /// A tenant's request was refused by its token bucket.

@@ -397,6 +397,7 @@ async fn call(target: &Target, body: Bytes) -> Result<Value, String> {
             &target.model,
             body,
             provider.timeout,
+            None,
         )
         .await
         .map_err(|e| describe(&e))?;

@@ -29,6 +29,7 @@ mod providers;
 mod routes;
 mod server;
 mod storage;
+mod telemetry;
 mod tenants;
 
 pub use admin::AdminConfig;
@@ -47,6 +48,7 @@ pub use routes::{
 };
 pub use server::{MaxConnections, ServerConfig};
 pub use storage::StorageConfig;
+pub use telemetry::TelemetryConfig;
 pub use tenants::{RateLimitConfig, TenantConfig, hashed_key};
 
 /// The configuration used when no file is given (docs/configuration.md).
@@ -123,6 +125,8 @@ pub struct Config {
     pub breaker: BreakerConfig,
     #[serde(default)]
     pub contracts: ContractsConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     #[serde(default)]
@@ -259,6 +263,7 @@ impl Config {
         self.jobs.validate(source)?;
         self.breaker.validate("breaker", source)?;
         self.contracts.validate(source)?;
+        self.telemetry.validate(source)?;
         self.log.validate(source)?;
         self.admin.validate(source)?;
 

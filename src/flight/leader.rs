@@ -36,6 +36,7 @@ use crate::metrics::Metrics;
 use crate::providers::Endpoint;
 use crate::providers::breaker::Health;
 use crate::routes::{Route, Target};
+use crate::telemetry::{Attribute, EndOnDrop, Kind, Trace, attr, provider_name};
 
 use super::redis::{Begin, Completion, Lease, RedisFlights, Remote};
 use super::table::{Flight, Head, LeaderTicket, Origin};
@@ -88,6 +89,9 @@ pub struct Call {
     pub call_timeout: Duration,
     pub cache: Arc<ResultCache>,
     pub metrics: Arc<Metrics>,
+    /// The span of the request (or attempt) that leads, when traces are on:
+    /// the provider call's span is its child.
+    pub trace: Option<Trace>,
 }
 
 impl Call {
@@ -583,8 +587,35 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
         _ => None,
     };
     let started = Instant::now();
+    // The provider call's span: every flight it answers knows it (their
+    // followers link to it), and the provider gets its `traceparent`.
+    let span = call.trace.as_ref().map(|parent| {
+        let span = parent.child(
+            "provider call",
+            Kind::Client,
+            None,
+            vec![],
+            vec![
+                Attribute::new(attr::PROVIDER, provider_name(provider.kind)),
+                Attribute::new(attr::REQUEST_MODEL, t.model.to_string()),
+                Attribute::new("idem.provider", provider.name.to_string()),
+            ],
+        );
+        for l in led {
+            l.flight().set_call_span(span.span_context());
+        }
+        span
+    });
+    let traceparent = span.as_ref().and_then(Trace::traceparent);
+    let _ends = span.clone().map(EndOnDrop);
     let reply = match provider
-        .send(call.wire.endpoint(), &t.model, body, timeout)
+        .send(
+            call.wire.endpoint(),
+            &t.model,
+            body,
+            timeout,
+            traceparent.as_deref(),
+        )
         .await
     {
         Ok(r) => r,
@@ -593,11 +624,20 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
                 metrics.upstream_call(tenant, &provider.name, 0);
             }
             tracing::warn!(route = %route.name, provider = %provider.name, error = %e, "upstream call failed");
+            if let Some(s) = &span {
+                s.fail(e.to_string());
+            }
             return e.answer(provider.name.clone(), t.model.clone());
         }
     };
     progress.mark();
     metrics.upstream_call(tenant, &provider.name, reply.status.as_u16());
+    if let Some(s) = &span {
+        s.set(vec![Attribute::new(
+            attr::STATUS,
+            i64::from(reply.status.as_u16()),
+        )]);
+    }
     let form = if reply.streaming {
         Form::Stream
     } else {
@@ -637,6 +677,9 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
                 // kept, and dropping the body stops the download.
                 if whole.len() + bytes.len() > limit {
                     metrics.upstream_answer_too_large(&provider.name);
+                    if let Some(s) = &span {
+                        s.fail("answer larger than max_answer_bytes");
+                    }
                     tracing::warn!(route = %route.name, provider = %provider.name, limit, "upstream answer larger than max_answer_bytes");
                     let message = format!(
                         "the answer of provider {} is larger than its limit of {limit} bytes",
@@ -667,6 +710,9 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
             }
             Err(e) => {
                 tracing::warn!(route = %route.name, provider = %provider.name, error = %e, "upstream body broke off");
+                if let Some(s) = &span {
+                    s.fail(e.to_string());
+                }
                 return e.answer(provider.name.clone(), t.model.clone());
             }
         }
@@ -734,6 +780,7 @@ mod tests {
             cache: coalescer.cache.clone(),
             metrics: coalescer.metrics.clone(),
             call_timeout: Duration::from_secs(1),
+            trace: None,
         };
         let led = [Led {
             ticket,

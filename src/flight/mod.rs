@@ -31,6 +31,7 @@ use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use crate::routes::{Route, Target};
+use crate::telemetry::{Kind, Trace};
 
 pub use leader::Wire;
 pub use table::{Flight, FlightKey, FlightTable, Head, Joined, LeaderTicket, Origin};
@@ -138,6 +139,8 @@ pub struct Ask<'a> {
     pub pinned: bool,
     /// How long a follower may wait; `None`: the route's `max_wait`.
     pub max_wait: Option<Duration>,
+    /// The span of the request (or attempt) asking, when traces are on.
+    pub trace: Option<&'a Trace>,
     /// How long the upstream call may take when this request leads it;
     /// `None`: the provider's `timeout`. A job attempt keeps its call
     /// alive for as long as a late answer still counts.
@@ -364,6 +367,18 @@ impl Coalescer {
             if flight.head(Some(joined + max_wait)).await.is_some() {
                 let waited = joined.elapsed();
                 self.metrics.wait(ask.tenant, &ask.route.name, waited);
+                // The wait, linked to the call that answered it.
+                if let Some(t) = ask.trace {
+                    let answered_by = flight.call_span().into_iter().collect();
+                    t.child(
+                        "coalesce wait",
+                        Kind::Internal,
+                        Some(joined),
+                        answered_by,
+                        vec![],
+                    )
+                    .end();
+                }
                 let mut d = Delivery::live(Outcome::Follower, flight);
                 d.waited = Some(waited);
                 return Ok(d);
@@ -446,6 +461,7 @@ impl Coalescer {
                 call_timeout: ask.call_timeout.unwrap_or(target.provider.timeout),
                 cache: self.cache.clone(),
                 metrics: self.metrics.clone(),
+                trace: ask.trace.cloned(),
             },
             shared: self.shared.clone(),
         };
@@ -545,6 +561,7 @@ mod tests {
             pinned: false,
             max_wait: None,
             call_timeout: None,
+            trace: None,
         }
     }
 

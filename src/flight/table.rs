@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use crate::answer::{Answer, Failure, Form};
 use crate::fingerprint::Fingerprint;
+use crate::telemetry::SpanId;
 
 /// A flight is per fingerprint and per target: a failure of one provider
 /// must not stop the next target's flight.
@@ -60,6 +61,9 @@ pub struct Flight {
     successor: OnceLock<Arc<Flight>>,
     followers: AtomicU64,
     origin: AtomicU8,
+    /// The span of the provider call that answers this flight, once its
+    /// leader has started it (traces on): followers link to it.
+    call_span: OnceLock<SpanId>,
 }
 
 /// Where a flight's answer came from, for the `Idem-Outcome` of the
@@ -96,6 +100,7 @@ impl Flight {
             successor: OnceLock::new(),
             followers: AtomicU64::new(0),
             origin: AtomicU8::new(Origin::Upstream as u8),
+            call_span: OnceLock::new(),
         };
         f.renew(lease);
         f
@@ -226,6 +231,16 @@ impl Flight {
     pub fn lease_expired(&self) -> bool {
         let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         now >= self.lease_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// Records the span of the provider call that answers this flight.
+    pub fn set_call_span(&self, span: SpanId) {
+        let _ = self.call_span.set(span);
+    }
+
+    /// The span of the provider call that answers this flight, if traced.
+    pub fn call_span(&self) -> Option<SpanId> {
+        self.call_span.get().cloned()
     }
 
     pub fn set_origin(&self, origin: Origin) {

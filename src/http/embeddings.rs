@@ -33,6 +33,7 @@ use crate::prices::Tokens;
 use crate::providers::Endpoint;
 use crate::routes::Route;
 use crate::task::{Count, Finish, Items, Line, Task};
+use crate::telemetry::Trace;
 
 pub const IDEM_ITEMS_SENT: HeaderName = HeaderName::from_static("idem-items-sent");
 pub const IDEM_ITEMS_SAVED: HeaderName = HeaderName::from_static("idem-items-saved");
@@ -93,6 +94,7 @@ async fn handle(
     drop(bytes);
     let req = wire::parse(object)
         .map_err(|i| known.refused(ApiError::bad_request(i.message, i.code, Some(i.param))))?;
+    let trace = super::openai::request_trace(app, "embeddings", &req.model, headers);
     let Some(route) = caller.live.route(&req.model) else {
         return Err(known.refused(super::openai::unknown_model(
             &caller.live.routes,
@@ -125,6 +127,7 @@ async fn handle(
             body,
             wire: &EMBEDDINGS,
             policy,
+            trace: trace.as_ref(),
         })
         .collect();
     let obtained = app.core.obtain_batch(&tasks).await;
@@ -150,6 +153,7 @@ async fn handle(
         route: &route,
         fp,
         started,
+        trace: trace.as_ref(),
     };
     match refused {
         Some(e) => Ok(reply.refused(e)),
@@ -164,6 +168,7 @@ struct Reply<'a> {
     route: &'a Arc<Route>,
     fp: Fingerprint,
     started: Instant,
+    trace: Option<&'a Trace>,
 }
 
 impl Reply<'_> {
@@ -307,6 +312,7 @@ impl Reply<'_> {
             items,
             priced: Some(self.route),
             answered: None,
+            trace: self.trace,
         });
     }
 }

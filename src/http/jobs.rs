@@ -25,6 +25,7 @@ use crate::outcome::Outcome;
 use crate::routes::Route;
 use crate::store::{Cursor, JobRecord, JobState};
 use crate::task::{Count, Finish, Line};
+use crate::telemetry::Trace;
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const IDEM_JOB_ID: HeaderName = HeaderName::from_static("idem-job-id");
@@ -150,6 +151,10 @@ pub async fn create(
 
 /// `POST /v1/chat/completions` with an `Idempotency-Key`: the request
 /// becomes (or finds) a job and waits for it within the request timeout.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the parts of one admitted request, as the plain path holds them"
+)]
 pub async fn chat(
     app: &AppState,
     tenant: &Arc<str>,
@@ -158,6 +163,7 @@ pub async fn chat(
     fp: Fingerprint,
     key: String,
     started: Instant,
+    trace: Option<&Trace>,
 ) -> Result<Response, ApiError> {
     let created = app
         .jobs
@@ -248,6 +254,7 @@ pub async fn chat(
             usage: None,
         }),
         priced: Some(route),
+        trace,
         ..Finish::default()
     });
     Ok(resp)

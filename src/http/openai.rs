@@ -39,6 +39,7 @@ use crate::outcome::Outcome;
 use crate::providers::Endpoint;
 use crate::routes::{Route, Routes};
 use crate::task::{CachePolicy, Count, Finish, Line, Task, TaskError};
+use crate::telemetry::{self, Attribute, Trace, attr};
 
 pub const IDEM_OUTCOME: HeaderName = HeaderName::from_static("idem-outcome");
 pub const IDEM_FINGERPRINT: HeaderName = HeaderName::from_static("idem-fingerprint");
@@ -128,6 +129,8 @@ struct Admission {
     stream: bool,
     include_usage: bool,
     started: Instant,
+    /// The request's span (traces on).
+    trace: Option<Trace>,
 }
 
 impl Admission {
@@ -139,6 +142,7 @@ impl Admission {
             body: &self.body,
             wire: &CHAT,
             policy: self.policy,
+            trace: self.trace.as_ref(),
         }
     }
 }
@@ -177,6 +181,7 @@ async fn admit(
     let (req, raw) = read_chat_request(&app, &headers, body, caller.body_limit(&app))
         .await
         .map_err(|e| refused(&app, Some(&tenant), None, e))?;
+    let trace = request_trace(&app, "chat", &req.model, &headers);
     let (route, fp) = match route_chat(&caller.live, &tenant, &req, &headers) {
         Ok(routed) => routed,
         Err(e) => {
@@ -191,7 +196,14 @@ async fn admit(
         // Boxed: the job path's state would otherwise enlarge every chat
         // request's future, coalesced followers' included.
         let job = Box::pin(super::jobs::chat(
-            &app, &tenant, &route, req, fp, key, started,
+            &app,
+            &tenant,
+            &route,
+            req,
+            fp,
+            key,
+            started,
+            trace.as_ref(),
         ));
         return match job.await {
             Ok(resp) => Ok(Admitted::Answered(resp)),
@@ -215,7 +227,32 @@ async fn admit(
         stream,
         include_usage,
         started,
+        trace,
     }))
+}
+
+/// A request's span, when traces are on: `{operation} {model}`, under the
+/// client's `traceparent` if it sent one.
+pub fn request_trace(
+    app: &AppState,
+    operation: &'static str,
+    model: &str,
+    headers: &HeaderMap,
+) -> Option<Trace> {
+    let telemetry = &app.core.telemetry;
+    if !telemetry.is_on() {
+        return None;
+    }
+    let carried: Vec<(&str, &str)> = ["traceparent", "tracestate"]
+        .into_iter()
+        .filter_map(|k| Some((k, headers.get(k)?.to_str().ok()?)))
+        .collect();
+    let trace = telemetry.request(telemetry::span_name(operation, model), &carried)?;
+    trace.set(vec![
+        Attribute::new(attr::OPERATION, operation),
+        Attribute::new(attr::REQUEST_MODEL, model.to_string()),
+    ]);
+    Some(trace)
 }
 
 /// The core (cache, targets, flight, provider), then [`reply`]: two
@@ -271,6 +308,7 @@ async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Re
             usage: None,
         }),
         priced: Some(&a.route),
+        trace: a.trace.as_ref(),
         ..Finish::default()
     });
     Ok(resp)

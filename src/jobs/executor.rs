@@ -46,6 +46,7 @@ use crate::jobs::Env;
 use crate::routes::Route;
 use crate::store::{AttemptRecord, AttemptState, Completion, JobRecord, StartAttempt, now_ms};
 use crate::task::{AttemptRules, CachePolicy, Count, Finish, Task};
+use crate::telemetry::{Attribute, EndOnDrop, attr};
 
 /// How an attempt ended, as far as the worker is concerned.
 #[derive(Debug, Clone, PartialEq)]
@@ -452,6 +453,20 @@ impl AttemptCtx {
         // attempt may wait for its leader) until then.
         let late = policy.late_result_window.max(policy.timeout);
         let body = RequestBody::kept(self.request.clone());
+        // The attempt's span (traces on): its provider call is a child.
+        let trace = app.core().telemetry.root(
+            format!("attempt {}", self.route.name),
+            vec![
+                Attribute::new(attr::OPERATION, "chat"),
+                Attribute::new(attr::REQUEST_MODEL, self.route.name.to_string()),
+                Attribute::new(attr::TENANT, self.tenant.to_string()),
+                Attribute::new(attr::JOB, a.job_id.to_string()),
+                Attribute::new(attr::ATTEMPT, i64::from(a.n)),
+                Attribute::new(attr::FINGERPRINT, self.fp.to_string()),
+                Attribute::new("idem.provider", target.provider.name.to_string()),
+            ],
+        );
+        let _ends = trace.clone().map(EndOnDrop);
         let task = Task {
             tenant: &self.tenant,
             route: &self.route,
@@ -459,6 +474,7 @@ impl AttemptCtx {
             body: &body,
             wire: &crate::endpoints::chat::CHAT,
             policy: CachePolicy::default(),
+            trace: trace.as_ref(),
         };
         let rules = AttemptRules {
             late,

@@ -311,6 +311,10 @@ pub struct CallRecord {
     pub outcome: CallOutcome,
     /// The status answered, for `completed` and `failed`.
     pub status: Option<u16>,
+    /// The call's `traceparent` header (the caller's trace context), if
+    /// it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The endpoint a call was sent to.

@@ -447,6 +447,7 @@ fn sent_of(headers: &HeaderMap, azure: Option<&Azure>) -> Sent {
         anthropic_version: header("anthropic-version"),
         anthropic_beta: header("anthropic-beta"),
         deployment: azure.map(|azure| azure.deployment.clone()),
+        traceparent: header("traceparent"),
         api_version: azure.and_then(|azure| azure.api_version.clone()),
     }
 }

@@ -96,6 +96,8 @@ pub(crate) struct Sent {
     pub(crate) anthropic_beta: Option<String>,
     /// The deployment named by an Azure URL.
     pub(crate) deployment: Option<String>,
+    /// `traceparent`: the W3C trace context of the call, if sent.
+    pub(crate) traceparent: Option<String>,
     /// The `api-version` query of an Azure URL.
     pub(crate) api_version: Option<String>,
 }
@@ -193,6 +195,7 @@ impl Shared {
             stream,
             outcome: CallOutcome::Pending,
             status: None,
+            traceparent: sent.traceparent.clone(),
         };
         let mut registry = self.registry();
         registry.next_seq += 1;

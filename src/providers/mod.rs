@@ -326,16 +326,23 @@ impl Provider {
         model: &str,
         body: Bytes,
         timeout: Duration,
+        traceparent: Option<&str>,
     ) -> Result<UpstreamReply, CallError> {
         match &self.upstream {
             Upstream::Mock => Ok(self.mock_reply(endpoint, &body)),
             Upstream::Http(dialect) => {
-                let outgoing = dialect.request(endpoint, model, body).map_err(|reason| {
+                let mut outgoing = dialect.request(endpoint, model, body).map_err(|reason| {
                     CallError::Untranslatable {
                         provider: self.name.clone(),
                         reason,
                     }
                 })?;
+                // The W3C trace context of the call's span (traces on).
+                if let Some(tp) = traceparent.and_then(|t| HeaderValue::from_str(t).ok()) {
+                    outgoing
+                        .headers
+                        .push((header::HeaderName::from_static("traceparent"), tp));
+                }
                 let reading = outgoing.reading.clone();
                 let reply = self.http_send(outgoing, timeout).await?;
                 Ok(dialect.reply(&reading, reply, self.max_answer_bytes))

@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::outcome::{Outcome, Refusal};
 use crate::reqlog::{Cost, Entry, RequestLog};
 use crate::routes::{Route, Target};
+use crate::telemetry::{Attribute, Kind, Telemetry, Trace, attr, provider_name};
 
 /// Why the core gave a task no answer at all (an answer that is an error
 /// is a [`Delivery`] like any other). The faces turn these into their
@@ -73,6 +74,9 @@ pub struct Task<'a> {
     /// The endpoint's part of an upstream call.
     pub wire: &'static dyn Wire,
     pub policy: CachePolicy,
+    /// The span of the request (or job attempt) the task is for, when
+    /// traces are on.
+    pub trace: Option<&'a Trace>,
 }
 
 impl Task<'_> {
@@ -94,6 +98,7 @@ impl Task<'_> {
             pinned: false,
             max_wait: None,
             call_timeout: None,
+            trace: self.trace,
         }
     }
 }
@@ -119,6 +124,8 @@ pub struct Core {
     /// Work that outlives its request (a streamed answer's log line, written
     /// when the stream ends): the shutdown waits for it within its grace.
     pub background: TaskTracker,
+    /// Traces, when `[telemetry]` names a collector.
+    pub telemetry: Arc<Telemetry>,
 }
 
 impl Core {
@@ -129,10 +136,16 @@ impl Core {
     /// (certified for the route's contract, circuit not open).
     pub async fn obtain(&self, task: &Task<'_>) -> Result<Delivery, TaskError> {
         let ask = task.ask();
-        if ask.read_cache
-            && let Some(d) = self.coalescer.cached(&task.fp)
-        {
-            return Ok(d);
+        if ask.read_cache {
+            let found = self.coalescer.cached(&task.fp);
+            if let Some(t) = task.trace {
+                let hit = Attribute::new("idem.cache.hit", found.is_some());
+                t.child("cache lookup", Kind::Internal, None, vec![], vec![hit])
+                    .end();
+            }
+            if let Some(d) = found {
+                return Ok(d);
+            }
         }
         let mut walk = Walk::once(task.route);
         let mut last: Option<Delivery> = None;
@@ -325,6 +338,22 @@ impl Core {
                     f.priced.map(|r| &**r),
                 );
             }
+            if let Some(t) = f.trace {
+                let outcome = match f.count {
+                    Some(Count::Answered(o)) => o.as_str(),
+                    Some(Count::Refused(r)) => r.as_str(),
+                    None => "",
+                };
+                let tenant = f.tenant.map(|t| &**t);
+                end_span(
+                    t,
+                    SpanEnd {
+                        outcome,
+                        tenant,
+                        ..SpanEnd::default()
+                    },
+                );
+            }
             return;
         };
         let logged = match line.body {
@@ -339,9 +368,23 @@ impl Core {
                     (line.fp, line.outcome, line.status, line.started);
                 let reqlog = self.reqlog.clone();
                 let (metrics, priced) = (self.metrics.clone(), f.priced.cloned());
+                let trace = f.trace.cloned();
+                let job = line.job.map(|(id, n)| (id.to_string(), n));
                 self.background.spawn(async move {
                     // Every flight ends: its leader's ticket finishes it on drop.
                     let answer = flight.done(None).await;
+                    if let Some(t) = &trace {
+                        let end = SpanEnd {
+                            outcome,
+                            tenant: Some(&tenant),
+                            fp: Some(&fp),
+                            status,
+                            job: job.as_ref().map(|(id, n)| (id.as_str(), *n)),
+                            answer: answer.as_deref(),
+                            route: priced.as_deref(),
+                        };
+                        end_span(t, end);
+                    }
                     let cost = answer.as_deref().and_then(|a| {
                         account(&metrics, &tenant, &route, saver, a, priced.as_deref())
                     });
@@ -372,6 +415,18 @@ impl Core {
                         )
                     }),
                 };
+                if let Some(t) = f.trace {
+                    let end = SpanEnd {
+                        outcome: line.outcome,
+                        tenant: Some(tenant),
+                        fp: Some(&line.fp),
+                        status: line.status,
+                        job: line.job,
+                        answer: answer.as_deref(),
+                        route: f.priced.map(|r| &**r),
+                    };
+                    end_span(t, end);
+                }
                 let mut entry = Entry::new(
                     tenant,
                     route,
@@ -391,6 +446,63 @@ impl Core {
             }
         }
     }
+}
+
+/// What a request's span says when it ends.
+#[derive(Default)]
+struct SpanEnd<'a> {
+    outcome: &'a str,
+    tenant: Option<&'a str>,
+    fp: Option<&'a Fingerprint>,
+    status: u16,
+    job: Option<(&'a str, Option<i32>)>,
+    answer: Option<&'a Answer>,
+    route: Option<&'a Route>,
+}
+
+/// Ends a request's span with the GenAI conventions' attributes and
+/// idem's own.
+fn end_span(t: &Trace, e: SpanEnd<'_>) {
+    let mut a = vec![Attribute::new(attr::OUTCOME, e.outcome.to_string())];
+    if let Some(tenant) = e.tenant {
+        a.push(Attribute::new(attr::TENANT, tenant.to_string()));
+    }
+    if let Some(fp) = e.fp {
+        a.push(Attribute::new(attr::FINGERPRINT, fp.to_string()));
+    }
+    if e.status > 0 {
+        a.push(Attribute::new(attr::STATUS, i64::from(e.status)));
+    }
+    if let Some((id, n)) = e.job {
+        a.push(Attribute::new(attr::JOB, id.to_string()));
+        if let Some(n) = n {
+            a.push(Attribute::new(attr::ATTEMPT, i64::from(n)));
+        }
+    }
+    if let Some(answer) = e.answer {
+        a.push(Attribute::new(
+            attr::RESPONSE_MODEL,
+            answer.model.to_string(),
+        ));
+        let kind = e.route.and_then(|r| {
+            r.targets
+                .iter()
+                .find(|t| t.provider.name == answer.provider)
+                .map(|t| provider_name(t.provider.kind))
+        });
+        if let Some(kind) = kind {
+            a.push(Attribute::new(attr::PROVIDER, kind));
+        }
+        if let Some(tokens) = answer.tokens() {
+            a.push(Attribute::new(attr::INPUT_TOKENS, tokens.input as i64));
+            a.push(Attribute::new(attr::OUTPUT_TOKENS, tokens.output as i64));
+        }
+    }
+    t.set(a);
+    if e.status >= 400 || e.answer.is_some_and(|a| !a.is_success()) {
+        t.fail(format!("{} ({})", e.outcome, e.status));
+    }
+    t.end();
 }
 
 /// The money of one request's answer: for a request answered without a
@@ -465,6 +577,8 @@ pub struct Finish<'a> {
     /// The answer of a request counted without a line (a job's first
     /// attempt), for what it saved.
     pub answered: Option<&'a Answer>,
+    /// The request's span (traces on): ended here, with what happened.
+    pub trace: Option<&'a Trace>,
 }
 
 /// An embeddings request's items: how many were answered each way, the

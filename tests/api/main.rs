@@ -29,3 +29,4 @@ mod rendering;
 mod replicas;
 mod savings;
 mod takeover;
+mod traces;

@@ -778,6 +778,7 @@ mod tests {
             stream: false,
             outcome: CallOutcome::Completed,
             status: Some(200),
+            traceparent: None,
         }
     }
 
