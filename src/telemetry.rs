@@ -12,6 +12,7 @@
 //! (`idem_trace_spans_dropped_total`), and costs requests nothing.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
@@ -52,37 +53,49 @@ struct On {
 /// One span in progress (a request's, an attempt's, a provider call's),
 /// as a context its children are made under, with the tracer that makes
 /// them. Cheap to clone; ended once with [`Trace::end`].
+///
+/// One pointer wide: a waiting request keeps it (see
+/// `a_chat_requests_boxed_future_fits_in_1024_bytes`).
 #[derive(Clone, Debug)]
-pub struct Trace {
+pub struct Trace(Arc<Traced>);
+
+#[derive(Debug)]
+struct Traced {
     cx: Context,
     tracer: SdkTracer,
 }
 
 impl Trace {
+    fn new(cx: Context, tracer: SdkTracer) -> Trace {
+        Trace(Arc::new(Traced { cx, tracer }))
+    }
+}
+
+impl Trace {
     /// Its span's identity, for links and `traceparent`.
     pub fn span_context(&self) -> SpanContext {
-        self.cx.span().span_context().clone()
+        self.0.cx.span().span_context().clone()
     }
 
     /// Sets attributes on its span.
     pub fn set(&self, attributes: Vec<KeyValue>) {
-        self.cx.span().set_attributes(attributes);
+        self.0.cx.span().set_attributes(attributes);
     }
 
     /// Marks its span as failed.
     pub fn fail(&self, why: impl Into<String>) {
-        self.cx.span().set_status(Status::error(why.into()));
+        self.0.cx.span().set_status(Status::error(why.into()));
     }
 
     /// Ends its span now.
     pub fn end(&self) {
-        self.cx.span().end();
+        self.0.cx.span().end();
     }
 
     /// The W3C `traceparent` of its span, for an outgoing call.
     pub fn traceparent(&self) -> Option<String> {
         let mut carrier = HashMap::new();
-        TraceContextPropagator::new().inject_context(&self.cx, &mut carrier);
+        TraceContextPropagator::new().inject_context(&self.0.cx, &mut carrier);
         carrier.remove("traceparent")
     }
 
@@ -97,6 +110,7 @@ impl Trace {
         attributes: Vec<KeyValue>,
     ) -> Trace {
         let mut builder = self
+            .0
             .tracer
             .span_builder(name)
             .with_kind(kind)
@@ -111,11 +125,8 @@ impl Trace {
         if let Some(at) = started {
             builder = builder.with_start_time(system_time_of(at));
         }
-        let span = builder.start_with_context(&self.tracer, &self.cx);
-        Trace {
-            cx: self.cx.with_span(span),
-            tracer: self.tracer.clone(),
-        }
+        let span = builder.start_with_context(&self.0.tracer, &self.0.cx);
+        Trace::new(self.0.cx.with_span(span), self.0.tracer.clone())
     }
 }
 
@@ -238,10 +249,7 @@ impl Telemetry {
             .span_builder(name)
             .with_kind(SpanKind::Server)
             .start_with_context(&on.tracer, &parent);
-        Some(Trace {
-            cx: parent.with_span(span),
-            tracer: on.tracer.clone(),
-        })
+        Some(Trace::new(parent.with_span(span), on.tracer.clone()))
     }
 
     /// A span of its own (a job attempt's), in a trace of its own.
@@ -253,10 +261,10 @@ impl Telemetry {
             .with_kind(SpanKind::Internal)
             .with_attributes(attributes)
             .start_with_context(&on.tracer, &Context::new());
-        Some(Trace {
-            cx: Context::new().with_span(span),
-            tracer: on.tracer.clone(),
-        })
+        Some(Trace::new(
+            Context::new().with_span(span),
+            on.tracer.clone(),
+        ))
     }
 
     /// Exports what is queued and stops (at shutdown).

@@ -116,7 +116,8 @@ impl Delivery {
 pub struct Ask<'a> {
     pub tenant: &'a Arc<str>,
     pub route: &'a Arc<Route>,
-    pub fp: Fingerprint,
+    /// Borrowed, as the rest: a request keeps its `Ask` while it waits.
+    pub fp: &'a Fingerprint,
     /// The task's request (the leader sends it, through `wire`, with the
     /// target's model).
     pub body: &'a RequestBody,
@@ -324,14 +325,14 @@ impl Coalescer {
     /// table (or a private flight when the task does not coalesce).
     fn join(&self, ask: &Ask<'_>, target: &Target) -> Step {
         if ask.read_negative
-            && let Some((answer, age)) = self.cache.negative(&ask.fp, target.index)
+            && let Some((answer, age)) = self.cache.negative(ask.fp, target.index)
         {
             let mut d = Delivery::done(Outcome::NegativeHit, answer);
             d.cache_age = Some(age);
             return Step::Done(d);
         }
         let key = FlightKey {
-            fp: ask.fp,
+            fp: *ask.fp,
             target: target.index,
         };
         let lease = ask.route.config.coalesce.lease;
@@ -356,7 +357,7 @@ impl Coalescer {
         // variables, they would live through the wait in every follower's
         // state.
         let key = || FlightKey {
-            fp: ask.fp,
+            fp: *ask.fp,
             target: target.index,
         };
         let lease = || ask.route.config.coalesce.lease;
@@ -420,7 +421,7 @@ impl Coalescer {
                 }
                 OnWaitTimeout::Stale => {
                     if let Lookup::Stale { answer, age } | Lookup::Fresh { answer, age, .. } =
-                        self.cache.get(&ask.fp)
+                        self.cache.get(ask.fp)
                     {
                         let mut d = Delivery::done(Outcome::CacheHit, answer);
                         d.cache_age = Some(age);
@@ -548,10 +549,11 @@ mod tests {
     }
 
     fn ask<'a>(tenant: &'a Arc<str>, route: &'a Arc<Route>, body: &'a RequestBody) -> Ask<'a> {
+        static FP: std::sync::LazyLock<Fingerprint> = std::sync::LazyLock::new(fp);
         Ask {
             tenant,
             route,
-            fp: fp(),
+            fp: &FP,
             body,
             wire: &crate::endpoints::chat::CHAT,
             read_cache: true,

@@ -163,7 +163,7 @@ pub async fn chat(
     fp: Fingerprint,
     key: String,
     started: Instant,
-    trace: Option<&Trace>,
+    trace: Option<Trace>,
 ) -> Result<Response, ApiError> {
     let created = app
         .jobs
@@ -254,7 +254,7 @@ pub async fn chat(
             usage: None,
         }),
         priced: Some(route),
-        trace,
+        trace: trace.as_ref(),
         ..Finish::default()
     });
     Ok(resp)

@@ -203,7 +203,7 @@ async fn admit(
             fp,
             key,
             started,
-            trace.as_ref(),
+            trace,
         ));
         return match job.await {
             Ok(resp) => Ok(Admitted::Answered(resp)),

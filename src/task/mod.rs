@@ -88,7 +88,7 @@ impl Task<'_> {
         Ask {
             tenant: self.tenant,
             route: self.route,
-            fp: self.fp,
+            fp: &self.fp,
             body: self.body,
             wire: self.wire,
             read_cache: read,
