@@ -403,6 +403,8 @@ pub struct GatewaySpec {
     /// The provider speaks Anthropic's Messages API (the mock's Anthropic
     /// face) instead of OpenAI's: idem translates both ways.
     pub anthropic: bool,
+    /// An OTLP/HTTP collector: traces on (None: idem's default, off).
+    pub otlp_endpoint: Option<String>,
 }
 
 impl GatewaySpec {
@@ -417,6 +419,7 @@ impl GatewaySpec {
             embeddings: false,
             cache_ttl: None,
             anthropic: false,
+            otlp_endpoint: None,
         }
     }
 
@@ -457,7 +460,10 @@ targets = [{{ provider = "mock", model = "mock-model" }}]
 max_wait = "120s"
 [routes.attempts]
 timeout = "120s"
-{cache}"#,
+{cache}{telemetry}"#,
+            telemetry = self.otlp_endpoint.as_ref().map_or(String::new(), |url| format!(
+                "\n[telemetry]\notlp_endpoint = \"{url}\"\n"
+            )),
             storage = self.storage,
             backend = self.backend,
             prefix = self.redis_prefix,

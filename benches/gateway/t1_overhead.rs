@@ -3,7 +3,9 @@
 //! directly and through idem, in alternating rounds so that background
 //! load on the machine falls on both sides alike. A third side, idem with
 //! an Anthropic target (the mock's Messages API face), prices the
-//! translation both ways: table 1c.
+//! translation both ways: table 1c. A fourth, idem with traces on (to a
+//! collector in this process that takes every export), prices them:
+//! table 1d.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,9 +31,29 @@ enum Side {
     Idem,
     /// idem in front of the mock's Anthropic face.
     Anthropic,
+    /// idem with traces on.
+    Traced,
 }
 
-const SIDES: [Side; 3] = [Side::Direct, Side::Idem, Side::Anthropic];
+const SIDES: [Side; 4] = [Side::Direct, Side::Idem, Side::Anthropic, Side::Traced];
+
+/// An OTLP/HTTP collector that takes every export and counts its bytes.
+async fn collector() -> anyhow::Result<(String, Arc<std::sync::atomic::AtomicU64>)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let received = Arc::new(AtomicU64::new(0));
+    let counted = received.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            counted.fetch_add(body.len() as u64, Ordering::Relaxed);
+            async { [("content-type", "application/x-protobuf")] }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((format!("http://{addr}"), received))
+}
 
 /// What one side measured over all its rounds.
 struct Measured {
@@ -85,18 +107,31 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
         storage: format!("sqlite://{}", dir.file("idem-c.db").display()),
         ..GatewaySpec::new(&mock, &dir)
     };
+    let (collector_url, exported) = collector().await?;
+    let spec_t = GatewaySpec {
+        otlp_endpoint: Some(collector_url),
+        storage: format!("sqlite://{}", dir.file("idem-t.db").display()),
+        ..GatewaySpec::new(&mock, &dir)
+    };
     let mut gateway = Gateway::start(&dir, "idem", &spec).await?;
     let mut gateway_c = Gateway::start(&dir, "idem-c", &spec_c).await?;
+    let mut gateway_t = Gateway::start(&dir, "idem-t", &spec_t).await?;
     let direct = Endpoint::new(mock.addr, Some(KEY));
     let mut idem = Endpoint::new(gateway.addr, Some(KEY));
     let mut idem_c = Endpoint::new(gateway_c.addr, Some(KEY));
+    let mut idem_t = Endpoint::new(gateway_t.addr, Some(KEY));
 
     // Warm-up: connection pools, allocator, the route's latency tracker.
-    for endpoint in [&direct, &idem, &idem_c] {
+    for endpoint in [&direct, &idem, &idem_c, &idem_t] {
         load::closed(endpoint.addr, CONNS, warm, load::unique_chats(endpoint)).await?;
     }
 
-    let mut measured = [Measured::new()?, Measured::new()?, Measured::new()?];
+    let mut measured = [
+        Measured::new()?,
+        Measured::new()?,
+        Measured::new()?,
+        Measured::new()?,
+    ];
     let rounds = (0..rounds_a)
         .map(|r| (true, r))
         .chain((0..rounds_b).map(|r| (false, r)));
@@ -107,11 +142,14 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
             // times the rate (b) itself causes.
             drop(gateway);
             drop(gateway_c);
+            drop(gateway_t);
             gateway = Gateway::start(&dir, "idem-b", &spec).await?;
             gateway_c = Gateway::start(&dir, "idem-cb", &spec_c).await?;
+            gateway_t = Gateway::start(&dir, "idem-tb", &spec_t).await?;
             idem = Endpoint::new(gateway.addr, Some(KEY));
             idem_c = Endpoint::new(gateway_c.addr, Some(KEY));
-            for endpoint in [&idem, &idem_c] {
+            idem_t = Endpoint::new(gateway_t.addr, Some(KEY));
+            for endpoint in [&idem, &idem_c, &idem_t] {
                 load::closed(endpoint.addr, CONNS, warm, load::unique_chats(endpoint)).await?;
             }
         }
@@ -123,6 +161,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
                 Side::Direct => (&direct, &mock.proc),
                 Side::Idem => (&idem, &gateway.proc),
                 Side::Anthropic => (&idem_c, &gateway_c.proc),
+                Side::Traced => (&idem_t, &gateway_t.proc),
             };
             let make = load::unique_chats(endpoint);
             let calls_before = mock.calls().await?;
@@ -152,11 +191,93 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
             }
         }
     }
-    let [d, i, c] = measured;
+    let [d, i, c, t] = measured;
+    let exported = exported.load(std::sync::atomic::Ordering::Relaxed);
     Ok(vec![
         overhead(&d, &i, rounds_a, secs_a, rounds_b, secs_b),
         translation(&d, &i, &c),
+        tracing_cost(&d, &i, &t, exported),
     ])
+}
+
+/// Table 1d: idem with traces off (its default) against on.
+fn tracing_cost(d: &Measured, i: &Measured, t: &Measured, exported: u64) -> Table {
+    let mut table = Table::new(
+        "1d. Proxy overhead with traces on (OTLP/HTTP to a collector)",
+        &[
+            "figure",
+            "traces off",
+            "traces on",
+            "on vs off",
+            "target",
+            "result",
+        ],
+    );
+    table.row([
+        format!("(a) throughput, {CONNS} connections, req/s (x direct)"),
+        format!(
+            "{} ({})",
+            per_sec(i.a.rate()),
+            ratio(i.a.rate(), d.a.rate())
+        ),
+        format!(
+            "{} ({})",
+            per_sec(t.a.rate()),
+            ratio(t.a.rate(), d.a.rate())
+        ),
+        ratio(t.a.rate(), i.a.rate()),
+        "-".into(),
+        String::new(),
+    ]);
+    table.row([
+        "(a) CPU per request of the idem process, us".into(),
+        format!("{:.1}", i.cpu_us()),
+        format!("{:.1}", t.cpu_us()),
+        format!("{:+.1}", t.cpu_us() - i.cpu_us()),
+        "-".into(),
+        String::new(),
+    ]);
+    let (added_i, added_t) = (i.b.ms(0.99) - d.b.ms(0.99), t.b.ms(0.99) - d.b.ms(0.99));
+    table.row([
+        format!(
+            "(b) added p99 over direct at {} req/s, ms",
+            int(RATE.into())
+        ),
+        plus_ms(added_i),
+        plus_ms(added_t),
+        plus_ms(added_t - added_i),
+        "-".into(),
+        String::new(),
+    ]);
+    table.row([
+        "(b) added p99 per round: median (min .. max)".into(),
+        spread(&paired(&d.p99s, &i.p99s)),
+        spread(&paired(&d.p99s, &t.p99s)),
+        String::new(),
+        "-".into(),
+        String::new(),
+    ]);
+    table.row([
+        "answers not 2xx (all runs)".into(),
+        int(i.failed()),
+        int(t.failed()),
+        String::new(),
+        "0".into(),
+        verdict(t.failed() == 0),
+    ]);
+    table.row([
+        "bytes of spans the collector received".into(),
+        "-".into(),
+        int(exported),
+        String::new(),
+        "> 0".into(),
+        verdict(exported > 0),
+    ]);
+    table.note(
+        "the same rounds as table 1, a fourth side in each: idem exporting a span per request,          its cache lookup and its provider call to a collector in the bench's process",
+    );
+    first_errors(&mut table, &[("traces on", t)]);
+    table
 }
 
 /// Table 1: the mock directly against idem in front of it.
