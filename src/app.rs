@@ -163,6 +163,8 @@ impl App {
         reconciler::on_startup(&env).await;
         executor::spawn(&env, &stop, &tracker);
         tracker.spawn(reconciler::run(env, stop.clone()));
+        // The dashboard's last hour, sampled every 10 s.
+        tracker.spawn(crate::timeline::run(state.clone(), stop.clone()));
         let (app, stop_refresh) = (state.clone(), stop.clone());
         let started_refresh = started.contracts.refresh_interval;
         tracker.spawn(async move {

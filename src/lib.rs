@@ -68,6 +68,7 @@ pub mod sse;
 pub mod store;
 pub mod task;
 pub mod tenants;
+pub mod timeline;
 
 #[cfg(test)]
 mod layout {

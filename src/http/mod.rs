@@ -239,6 +239,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/reload", post(admin::reload))
         .route("/v1/admin/jobs", get(admin::jobs))
         .route("/v1/admin/jobs/{id}", get(admin::job))
+        .route("/v1/admin/timeline", get(admin::timeline))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

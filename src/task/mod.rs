@@ -283,6 +283,8 @@ impl Core {
     /// ends (its upstream time and token counts are known then; its latency
     /// stays the time to the answer's head).
     pub fn finish(&self, f: Finish<'_>) {
+        // The dashboard's figures: latency, timeouts, contract violations.
+        self.metrics.finished(&f);
         match f.count {
             Some(Count::Answered(outcome)) => {
                 if let (Some(tenant), Some(route)) = (f.tenant, f.route) {
