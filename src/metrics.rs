@@ -237,8 +237,6 @@ pub struct Metrics {
     log_drops: Mutex<Vec<(Counter, ErrorCounter)>>,
     /// What the dashboard's timeline reads beside the figures above.
     observed: Observed,
-    /// The last hour at 10-second resolution (see [`crate::timeline`]).
-    pub timeline: crate::timeline::Timeline,
 }
 
 /// Open client connections by protocol (`idem_http_connections`), counted
@@ -363,7 +361,6 @@ impl Metrics {
             connections,
             log_drops: Mutex::new(Vec::new()),
             observed: Observed::default(),
-            timeline: crate::timeline::Timeline::new(),
         };
         m.describe();
         m.adopt(config);
@@ -1150,40 +1147,27 @@ struct Observed {
 /// The dashboard's figures (see [`crate::timeline`]): read, never reset,
 /// except the interval histograms when the timeline takes a sample.
 impl Metrics {
-    /// A request ended (called by [`Core::finish`](crate::task::Core::finish)
-    /// for each, before anything else): its latency on its route, from its
-    /// arrival to its answer's head; the upstream latency of the call that
-    /// answered it when it was its own; a timeout or a contract violation.
-    pub fn finished(&self, f: &crate::task::Finish<'_>) {
-        use crate::flight::Source;
-        let Some(route) = f.route else {
-            return;
-        };
-        // A job's creation is no answer: its latency says nothing.
-        if let Some(line) = &f.line
-            && line.outcome != "created"
-        {
+    /// A request on `route` ended (called by
+    /// [`Core::finish`](crate::task::Core::finish) for each): its latency
+    /// from its arrival to its answer's head when it has one; with the
+    /// `outcome` it was counted with and its `answer`, the upstream latency
+    /// of the call that answered it when that call was its own and
+    /// succeeded, and whether the answer was a provider's timeout or broke
+    /// the route's contract.
+    pub fn request_done(
+        &self,
+        route: &str,
+        latency: Option<Duration>,
+        outcome: Option<Outcome>,
+        answer: Option<&crate::answer::Answer>,
+    ) {
+        if let Some(latency) = latency {
             let named = self.named.load();
-            if let Some(r) = named.routes.get(&**route) {
-                r.latency.record(line.started.elapsed());
+            if let Some(r) = named.routes.get(route) {
+                r.latency.record(latency);
             }
         }
-        let Some(crate::task::Count::Answered(outcome)) = f.count else {
-            return;
-        };
-        let live;
-        let answer = match f.line.as_ref() {
-            Some(line) => match &line.answer {
-                Some(Source::Done(a)) => Some(&**a),
-                Some(Source::Live(flight)) => {
-                    live = flight.answer();
-                    live.as_deref()
-                }
-                None => line.answer_of_job.as_deref(),
-            },
-            None => f.answered,
-        };
-        let Some(answer) = answer else {
+        let (Some(outcome), Some(answer)) = (outcome, answer) else {
             return;
         };
         match answer.failure {

@@ -24,8 +24,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::http::Shared;
 use crate::metrics::{LatencyView, Metrics, Percentiles};
+use crate::routes::Routes;
 use crate::store::{now_ms, rfc3339};
 
 /// How often a sample is taken.
@@ -192,7 +192,7 @@ pub struct TargetSample {
     pub model: String,
     /// `closed`, `half_open`, `open`.
     pub circuit: &'static str,
-    /// Upstream latency over the interval (see [`Metrics::finished`]).
+    /// Upstream latency over the interval (see [`Metrics::request_done`]).
     pub latency: Percentiles,
 }
 
@@ -347,9 +347,8 @@ impl Timeline {
 
 /// Each configured target once (a target shared by routes has one
 /// breaker), with its circuit state, and the interval's latencies.
-fn percentages(app: &Shared, reset: bool) -> IntervalPercentiles {
-    let m = &app.metrics;
-    let routes = m
+fn percentiles(m: &Metrics, routes: &Routes, reset: bool) -> IntervalPercentiles {
+    let by_route = m
         .route_latencies(reset)
         .into_iter()
         .filter(|(_, v)| v.interval.count > 0)
@@ -357,9 +356,8 @@ fn percentages(app: &Shared, reset: bool) -> IntervalPercentiles {
         .collect();
     let latencies: BTreeMap<(String, String), LatencyView> =
         m.target_latencies(reset).into_iter().collect();
-    let live = app.live.load();
     let mut targets: Vec<TargetSample> = Vec::new();
-    for route in live.routes.iter() {
+    for route in routes.iter() {
         for t in &route.targets {
             let (provider, model) = (t.provider.name.to_string(), t.model.to_string());
             if targets
@@ -382,44 +380,44 @@ fn percentages(app: &Shared, reset: bool) -> IntervalPercentiles {
     }
     IntervalPercentiles {
         wait: m.wait_latency(reset).interval,
-        routes,
+        routes: by_route,
         targets,
     }
 }
 
-/// Takes a sample now (the sampler does every [`EVERY`]).
-pub fn sample(app: &Shared) {
-    let now = Snapshot::read(&app.metrics, now_ms());
-    let p = percentages(app, true);
-    app.metrics.timeline.close(now, p);
+/// Takes a sample now (the sampler does every [`EVERY`]), with the
+/// circuits of the targets of `routes`.
+pub fn sample(m: &Metrics, timeline: &Timeline, routes: &Routes) {
+    let now = Snapshot::read(m, now_ms());
+    let p = percentiles(m, routes, true);
+    timeline.close(now, p);
 }
 
-/// The sampler: a sample every [`EVERY`] until `stop`.
-pub async fn run(app: crate::http::AppState, stop: CancellationToken) {
+/// The sampler: calls `sample` every [`EVERY`] until `stop`.
+pub async fn run(stop: CancellationToken, mut sample: impl FnMut() + Send + 'static) {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
-            _ = tick.tick() => sample(&app),
+            _ = tick.tick() => sample(),
         }
     }
 }
 
-/// `GET /v1/admin/timeline`'s answer.
-pub fn view(app: &Shared) -> Value {
-    let m = &app.metrics;
+/// `GET /v1/admin/timeline`'s answer, with the targets of `routes`.
+pub fn view(m: &Metrics, timeline: &Timeline, routes: &Routes) -> Value {
     let at = now_ms();
     let now = Snapshot::read(m, at);
     let (samples, last, started_ms) = {
-        let st = m.timeline.lock();
+        let st = timeline.lock();
         (
             st.ring.iter().cloned().collect::<Vec<Sample>>(),
             st.last.clone(),
             st.started_ms,
         )
     };
-    let current = Sample::between(&last, &now, percentages(app, false));
+    let current = Sample::between(&last, &now, percentiles(m, routes, false));
     // The last hour: the ring and the interval in progress.
     let mut hour = Counts::default();
     let mut hour_providers: BTreeMap<String, Calls> = BTreeMap::new();
@@ -434,12 +432,11 @@ pub fn view(app: &Shared) -> Value {
     let hour_from = samples
         .first()
         .map_or(last.at_ms, |s| s.at_ms - (s.seconds * 1000.0) as i64);
-    let routes: BTreeMap<String, LatencyView> = m.route_latencies(false).into_iter().collect();
+    let by_route: BTreeMap<String, LatencyView> = m.route_latencies(false).into_iter().collect();
     let target_latency: BTreeMap<(String, String), LatencyView> =
         m.target_latencies(false).into_iter().collect();
-    let live = app.live.load();
     let mut targets = Vec::new();
-    for route in live.routes.iter() {
+    for route in routes.iter() {
         for t in &route.targets {
             let provider = t.provider.name.to_string();
             let latency = target_latency
@@ -476,7 +473,7 @@ pub fn view(app: &Shared) -> Value {
             "counts": now.counts,
             "providers": now.providers,
             "wait": m.wait_latency(false).total,
-            "routes": routes.iter().map(|(r, v)| (r.clone(), v.total)).collect::<BTreeMap<_, _>>(),
+            "routes": by_route.iter().map(|(r, v)| (r.clone(), v.total)).collect::<BTreeMap<_, _>>(),
         },
         "last_hour": {
             "from": rfc3339(hour_from),

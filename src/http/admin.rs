@@ -306,5 +306,9 @@ pub async fn timeline(
     caller: Caller,
 ) -> Result<Json<Value>, ApiError> {
     caller.require_admin()?;
-    Ok(Json(crate::timeline::view(&app)))
+    Ok(Json(crate::timeline::view(
+        &app.metrics,
+        &app.timeline,
+        &caller.live.routes,
+    )))
 }

@@ -46,6 +46,8 @@ pub struct Shared {
     pub store: Arc<dyn Store>,
     pub jobs: Arc<Jobs>,
     pub limits: Limits,
+    /// The last hour at 10-second resolution, for the dashboard.
+    pub timeline: crate::timeline::Timeline,
 }
 
 /// The job workers see the gateway through its handles only.

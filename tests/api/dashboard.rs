@@ -318,7 +318,8 @@ async fn the_timeline_is_the_admins_and_samples_a_scripted_run() {
         .await;
     assert_eq!(r.status(), 404);
 
-    idem::timeline::sample(&app.state);
+    let s = &app.state;
+    idem::timeline::sample(&s.metrics, &s.timeline, &s.live.load().routes);
     let (_, t) = app.get_json(ADMIN, path).await;
     let n = |key: &'static str| summed(&t, move |s| s[key].as_u64().unwrap());
     assert!(!t["samples"].as_array().unwrap().is_empty(), "{t}");
