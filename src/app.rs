@@ -120,6 +120,7 @@ impl App {
             store,
             jobs,
             limits,
+            timeline: crate::timeline::Timeline::new(),
         }));
         Ok(App {
             listener,
@@ -172,6 +173,11 @@ impl App {
         reconciler::on_startup(&env).await;
         executor::spawn(&env, &stop, &tracker);
         tracker.spawn(reconciler::run(env, stop.clone()));
+        // The dashboard's last hour, sampled every 10 s.
+        let app = state.clone();
+        tracker.spawn(crate::timeline::run(stop.clone(), move || {
+            crate::timeline::sample(&app.metrics, &app.timeline, &app.live.load().routes);
+        }));
         let (app, stop_refresh) = (state.clone(), stop.clone());
         let started_refresh = started.contracts.refresh_interval;
         tracker.spawn(async move {

@@ -69,6 +69,7 @@ pub mod store;
 pub mod task;
 pub mod telemetry;
 pub mod tenants;
+pub mod timeline;
 
 #[cfg(test)]
 mod layout {

@@ -52,6 +52,8 @@ struct RouteHandles {
     /// What the saved calls would have cost, where their target has a
     /// price (`idem_saved_cost_total`, rendered by [`Metrics::render`]).
     saved_cost: Dollars,
+    /// Request latency (arrival to the answer's head), for the timeline.
+    latency: Latencies,
 }
 
 /// US dollars added up exactly, as nano-dollars, and whether anything
@@ -233,6 +235,8 @@ pub struct Metrics {
     /// Log writers whose dropped lines `/metrics` reports, read at each
     /// scrape (the writer keeps its own count).
     log_drops: Mutex<Vec<(Counter, ErrorCounter)>>,
+    /// What the dashboard's timeline reads beside the figures above.
+    observed: Observed,
 }
 
 /// Open client connections by protocol (`idem_http_connections`), counted
@@ -356,6 +360,7 @@ impl Metrics {
             last_reload_ok,
             connections,
             log_drops: Mutex::new(Vec::new()),
+            observed: Observed::default(),
         };
         m.describe();
         m.adopt(config);
@@ -450,6 +455,7 @@ impl Metrics {
                 &[("route", r), ("kind", "output")],
             ),
             saved_cost: Dollars::default(),
+            latency: Latencies::default(),
         }
     }
 
@@ -805,6 +811,7 @@ impl Metrics {
 
     /// A follower waited `waited` for its leader.
     pub fn wait(&self, tenant: &str, route: &str, waited: Duration) {
+        self.observed.waits.record(waited);
         let named = self.named.load();
         if let Some(r) = named.routes.get(route) {
             r.wait.record(waited.as_secs_f64());
@@ -865,6 +872,19 @@ impl Metrics {
         counter.increment(1);
         if let Some(t) = named.tenants.get(tenant) {
             t.upstream_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        let tally = match self.observed.providers.get(provider) {
+            Some(t) => t.clone(),
+            None => self
+                .observed
+                .providers
+                .entry(provider.clone())
+                .or_default()
+                .clone(),
+        };
+        tally.calls.fetch_add(1, Ordering::Relaxed);
+        if !(200..300).contains(&status) {
+            tally.errors.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -1030,6 +1050,221 @@ impl Metrics {
     }
 }
 
+/// Percentiles of a set of durations, in milliseconds (`None` when the
+/// set is empty: no figure, not 0).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50_ms: Option<f64>,
+    pub p95_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+impl Percentiles {
+    fn of(h: &Hdr<u64>) -> Percentiles {
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        let ms = |q: f64| Some(h.value_at_quantile(q) as f64 / 1000.0);
+        Percentiles {
+            count: h.len(),
+            p50_ms: ms(0.50),
+            p95_ms: ms(0.95),
+            p99_ms: ms(0.99),
+        }
+    }
+}
+
+/// One set of durations read twice: since the timeline's last sample
+/// (`interval`) and since start (`total`).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct LatencyView {
+    pub interval: Percentiles,
+    pub total: Percentiles,
+}
+
+/// Durations kept since start and since the timeline's last sample: two
+/// histograms behind one short lock (taken once per recording, never
+/// across an await), at 2 significant digits (1 us .. 1 h).
+pub struct Latencies {
+    /// (since the last sample, since start).
+    hists: Mutex<Option<(Hdr<u64>, Hdr<u64>)>>,
+}
+
+impl Default for Latencies {
+    fn default() -> Latencies {
+        Latencies {
+            hists: Mutex::new(None),
+        }
+    }
+}
+
+impl Latencies {
+    pub fn record(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros())
+            .unwrap_or(u64::MAX)
+            .clamp(1, 3_600_000_000);
+        if let Ok(mut h) = self.hists.lock() {
+            let (interval, total) = h.get_or_insert_with(|| (new_coarse_hdr(), new_coarse_hdr()));
+            let _ = interval.record(us);
+            let _ = total.record(us);
+        }
+    }
+
+    /// The percentiles of both; with `reset`, the interval starts again.
+    pub fn read(&self, reset: bool) -> LatencyView {
+        let Ok(mut h) = self.hists.lock() else {
+            return LatencyView::default();
+        };
+        let Some((interval, total)) = h.as_mut() else {
+            return LatencyView::default();
+        };
+        let view = LatencyView {
+            interval: Percentiles::of(interval),
+            total: Percentiles::of(total),
+        };
+        if reset {
+            interval.reset();
+        }
+        view
+    }
+}
+
+/// Calls to one provider and how many of them failed (no answer or a
+/// status other than 2xx).
+#[derive(Default)]
+struct CallTally {
+    calls: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// What the dashboard's timeline reads beside the Prometheus figures.
+#[derive(Default)]
+struct Observed {
+    /// Followers' waits, every route.
+    waits: Latencies,
+    /// Upstream latency of the successful calls whose answer a request
+    /// took as its own (leaders, bypasses, a job's first attempt), by
+    /// provider and model.
+    targets: DashMap<(Arc<str>, Arc<str>), Arc<Latencies>>,
+    /// Every call sent to each provider.
+    providers: DashMap<Arc<str>, Arc<CallTally>>,
+    /// Requests whose answer was a provider's timeout.
+    timeouts: AtomicU64,
+    /// Requests whose answer broke the route's contract.
+    contract_violations: AtomicU64,
+}
+
+/// The dashboard's figures (see [`crate::timeline`]): read, never reset,
+/// except the interval histograms when the timeline takes a sample.
+impl Metrics {
+    /// A request on `route` ended (called by
+    /// [`Core::finish`](crate::task::Core::finish) for each): its latency
+    /// from its arrival to its answer's head when it has one; with the
+    /// `outcome` it was counted with and its `answer`, the upstream latency
+    /// of the call that answered it when that call was its own and
+    /// succeeded, and whether the answer was a provider's timeout or broke
+    /// the route's contract.
+    pub fn request_done(
+        &self,
+        route: &str,
+        latency: Option<Duration>,
+        outcome: Option<Outcome>,
+        answer: Option<&crate::answer::Answer>,
+    ) {
+        if let Some(latency) = latency {
+            let named = self.named.load();
+            if let Some(r) = named.routes.get(route) {
+                r.latency.record(latency);
+            }
+        }
+        let (Some(outcome), Some(answer)) = (outcome, answer) else {
+            return;
+        };
+        match answer.failure {
+            Some(crate::answer::Failure::Timeout) => {
+                self.observed.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(crate::answer::Failure::Contract) => {
+                self.observed
+                    .contract_violations
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        if matches!(outcome, Outcome::Leader | Outcome::Bypass) && answer.is_success() {
+            let key = (answer.provider.clone(), answer.model.clone());
+            let target = match self.observed.targets.get(&key) {
+                Some(t) => t.clone(),
+                None => self.observed.targets.entry(key).or_default().clone(),
+            };
+            target.record(answer.upstream_latency);
+        }
+    }
+
+    /// Request latency by route (every route a configuration named).
+    pub fn route_latencies(&self, reset: bool) -> Vec<(String, LatencyView)> {
+        let named = self.named.load();
+        let mut out: Vec<(String, LatencyView)> = named
+            .routes
+            .iter()
+            .map(|(name, r)| (name.clone(), r.latency.read(reset)))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Upstream latency by (provider, model), of the targets that answered.
+    pub fn target_latencies(&self, reset: bool) -> Vec<((String, String), LatencyView)> {
+        let mut out: Vec<((String, String), LatencyView)> = self
+            .observed
+            .targets
+            .iter()
+            .map(|e| {
+                let (p, m) = e.key();
+                ((p.to_string(), m.to_string()), e.value().read(reset))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Followers' waits, every route.
+    pub fn wait_latency(&self, reset: bool) -> LatencyView {
+        self.observed.waits.read(reset)
+    }
+
+    /// Calls sent to each provider and how many failed (no answer, or a
+    /// status other than 2xx), since start.
+    pub fn provider_calls(&self) -> Vec<(String, u64, u64)> {
+        let mut out: Vec<(String, u64, u64)> = self
+            .observed
+            .providers
+            .iter()
+            .map(|e| {
+                let t = e.value();
+                (
+                    e.key().to_string(),
+                    t.calls.load(Ordering::Relaxed),
+                    t.errors.load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Requests whose answer was a provider's timeout, since start.
+    pub fn answer_timeouts(&self) -> u64 {
+        self.observed.timeouts.load(Ordering::Relaxed)
+    }
+
+    /// Requests whose answer broke the route's contract, since start.
+    pub fn contract_violations(&self) -> u64 {
+        self.observed.contract_violations.load(Ordering::Relaxed)
+    }
+}
+
 /// A label value in Prometheus' text format.
 fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -1055,6 +1290,15 @@ fn outcome_index(o: Outcome) -> usize {
 fn new_hdr() -> Hdr<u64> {
     // 1 us .. 1 h with 3 significant digits.
     Hdr::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+#[expect(
+    clippy::expect_used,
+    reason = "the bounds are constants that hdrhistogram accepts"
+)]
+fn new_coarse_hdr() -> Hdr<u64> {
+    // 1 us .. 1 h with 2 significant digits: a few kilobytes.
+    Hdr::new_with_bounds(1, 3_600_000_000, 2).expect("valid histogram bounds")
 }
 
 #[cfg(test)]
@@ -1201,6 +1445,36 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("idem_redis_errors_total 2"), "{text}");
+    }
+
+    #[test]
+    fn the_dashboards_figures_are_read_per_interval_and_since_start() {
+        let c = Config::from_toml_str(
+            "[[providers]]\nname=\"p\"\nkind=\"mock\"\n[[routes]]\nmodel=\"m\"\ntargets=[{provider=\"p\",model=\"x\"}]\n",
+            Source::Embedded,
+            false,
+        )
+        .unwrap();
+        let m = Metrics::new(&c);
+        let p: Arc<str> = "p".into();
+        m.upstream_call("anonymous", &p, 200);
+        m.upstream_call("anonymous", &p, 500);
+        m.upstream_call("anonymous", &p, 0);
+        assert_eq!(m.provider_calls(), vec![("p".to_string(), 3, 2)]);
+        for ms in [10, 20, 30, 40] {
+            m.wait("anonymous", "m", Duration::from_millis(ms));
+        }
+        let w = m.wait_latency(true);
+        assert_eq!((w.interval.count, w.total.count), (4, 4));
+        let p95 = w.interval.p95_ms.unwrap();
+        assert!((p95 - 40.0).abs() < 0.5, "{p95}");
+        let w = m.wait_latency(false);
+        assert_eq!(w.interval, Percentiles::default(), "reset: no figure");
+        assert_eq!(w.total.count, 4, "since start stays");
+        // No route latency without a request.
+        let routes = m.route_latencies(false);
+        assert_eq!(routes.len(), 1);
+        assert_eq!(routes[0].1.total.p50_ms, None);
     }
 
     /// A writer that takes nothing until `release` is dropped: its log

@@ -209,15 +209,17 @@
       renderJob(job);
       return;
     }
-    const [stats, routes, recent, held] = await Promise.all([
+    const [stats, routes, recent, held, timeline] = await Promise.all([
       api('/v1/stats'),
       api('/v1/admin/routes'),
       api('/v1/admin/jobs?limit=15'),
       api('/v1/admin/jobs?state=unknown&limit=15'),
+      api('/v1/admin/timeline'),
     ]);
     record(stats);
     renderStats(stats);
     renderChart();
+    if (timeline) renderHour(timeline);
     renderRoutes(routes ? routes.data : []);
     renderJobs(recent ? recent.data : [], held ? held.data : []);
   }
@@ -417,7 +419,14 @@
       el('td', null, utc(j.created_at))));
     $('held-jobs').tBodies[0].replaceChildren(...heldRows);
     $('held-empty').hidden = heldRows.length > 0;
-    $('held-panel').classList.toggle('alert', heldRows.length > 0);
+    const panel = $('held-panel');
+    panel.classList.toggle('alert', heldRows.length > 0);
+    // Collapsed while empty; opened when a job is held (and closed again
+    // once none is), whatever was clicked meanwhile.
+    const wasHeld = panel.dataset.held === 'true';
+    if (wasHeld !== heldRows.length > 0) panel.open = heldRows.length > 0;
+    panel.dataset.held = String(heldRows.length > 0);
+    figure('held-count', heldRows.length, heldRows.length ? int(heldRows.length) + (held.length >= 15 ? '+' : '') : 'none');
 
     const rows = recent.map((j) => el('tr', { 'data-job-id': j.id, class: heldIds.has(j.id) ? 'held' : null },
       el('td', null, jobLink(j.id)),
@@ -536,12 +545,233 @@
         el('td', { class: 'mono' }, `${a.provider} / ${a.model}`),
         el('td', null, pill(a.state, stateKind(a.state === 'discarded' ? 'cancelled' : a.state))),
         el('td', null, a.hedge ? 'hedge' : ''),
-        el('td', null, a.reason || ''),
+        el('td', { class: 'status', 'data-value': upstreamStatus(a) }, upstreamStatus(a)),
+        el('td', { class: 'reason' }, a.reason || ''),
         el('td', null, utc(a.started_at)),
         el('td', null, a.finished_at ? utc(a.finished_at) : 'in progress'),
         el('td', { class: 'num' }, dur === null ? '–' : ms(dur)));
     });
     $('attempts').tBodies[0].replaceChildren(...rows);
+  }
+
+  // What a failed (or unknown) attempt's reason says of the provider's
+  // answer: the attempt rows keep the reason, not the status code.
+  function upstreamStatus(a) {
+    if (a.state !== 'failed' && a.state !== 'unknown') return '';
+    const reason = String(a.reason || '').replace(/^late_/, '');
+    const known = {
+      provider_error: '5xx',
+      rate_limited: '429',
+      request_rejected: '4xx',
+      intermediary_error: '502/504',
+      timeout: 'no answer (timeout)',
+      connect_error: 'no answer (connect)',
+      connection_lost: 'no answer (cut off)',
+      leader_lost: 'no answer',
+      contract_violation: '2xx, contract broken',
+      bad_upstream_answer: '2xx, malformed',
+      upstream_answer_too_large: '2xx, too large',
+    };
+    if (known[reason]) return known[reason];
+    const code = /\b([1-5]\d\d)\b/.exec(reason);
+    return code ? code[1] : '–';
+  }
+
+  // ------------------------------------------------------------- last hour
+
+  // Dollars: `null` is unknown (nothing counted had a price), never $0.
+  function usd(x) {
+    if (typeof x !== 'number') return 'unknown';
+    if (x === 0) return '$0.00';
+    const a = Math.abs(x);
+    const digits = a >= 100 ? 0 : a >= 1 ? 2 : a >= 0.01 ? 4 : 6;
+    return '$' + x.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  }
+
+  // Dollars on a chart's axis: two significant digits.
+  const usdAxis = (x) => (x >= 1 ? '$' + x.toFixed(2) : '$' + Number(x.toPrecision(2)));
+
+  function money(id, x) {
+    figure(id, x, usd(x));
+    const node = $(id);
+    if (node) {
+      node.classList.toggle('unknown', typeof x !== 'number');
+      node.dataset.unknown = String(typeof x !== 'number');
+    }
+  }
+
+  const share = (n, of) => (of > 0 ? n / of : null);
+
+  function renderHour(tl) {
+    const all = tl.since_start.counts;
+    const hour = tl.last_hour.counts;
+    const mins = Math.max(0, tl.last_hour.seconds) / 60;
+    figure('hour-span', tl.last_hour.seconds, mins >= 59 ? 'last hour' : `last ${mins < 1 ? Math.round(mins * 60) + ' s' : Math.round(mins) + ' min'} (since start)`);
+
+    money('saved-usd', all.saved_cost_usd);
+    money('saved-usd-hour', hour.saved_cost_usd);
+    money('spent-usd', all.spent_cost_usd);
+    money('spent-usd-hour', hour.spent_cost_usd);
+    figure('unpriced-saves', all.unpriced_saves, int(all.unpriced_saves));
+    figure('unpriced-calls', all.unpriced_calls, int(all.unpriced_calls));
+    figure('calls-saved', all.saved_calls, int(all.saved_calls));
+    figure('calls-saved-hour', hour.saved_calls, int(hour.saved_calls));
+    figure('upstream-hour', hour.upstream_calls, int(hour.upstream_calls));
+    const savedTokens = (c) => c.saved_input_tokens + c.saved_output_tokens;
+    const spentTokens = (c) => c.spent_input_tokens + c.spent_output_tokens;
+    figure('tokens-saved', savedTokens(all), int(savedTokens(all)));
+    figure('tokens-saved-input', all.saved_input_tokens, int(all.saved_input_tokens));
+    figure('tokens-saved-cached', all.saved_cached_input_tokens, int(all.saved_cached_input_tokens));
+    figure('tokens-saved-output', all.saved_output_tokens, int(all.saved_output_tokens));
+    figure('tokens-saved-hour', savedTokens(hour), int(savedTokens(hour)));
+    figure('tokens-spent', spentTokens(all), int(spentTokens(all)));
+    figure('tokens-spent-input', all.spent_input_tokens, int(all.spent_input_tokens));
+    figure('tokens-spent-output', all.spent_output_tokens, int(all.spent_output_tokens));
+    figure('tokens-spent-hour', spentTokens(hour), int(spentTokens(hour)));
+
+    const classes = [
+      ['provider', hour.provider_errors, hour.upstream_calls],
+      ['timeouts', hour.timeouts, hour.requests],
+      ['rejections', hour.rejections, hour.requests],
+      ['contract', hour.contract_violations, hour.requests],
+      ['no-target', hour.no_target, hour.requests],
+      ['internal', hour.internal_errors, hour.requests],
+    ];
+    for (const [name, n, of] of classes) {
+      figure('err-' + name, n, int(n));
+      const r = share(n, of);
+      figure('err-' + name + '-rate', r, r === null ? '–' : pct(r));
+      $('err-card-' + name).classList.toggle('alert', n > 0);
+    }
+
+    // The charts: the closed samples, then the interval in progress.
+    const samples = tl.samples.slice();
+    if (tl.current && tl.current.seconds > 0) samples.push(tl.current);
+    const at = (s) => s.at_ms;
+    const pts = (f) => samples.map((s) => ({ t: at(s), v: f(s) }));
+    const end = Date.parse(tl.at) || Date.now();
+    const first = samples.length ? samples[0].at_ms - samples[0].seconds * 1000 : end;
+    const span = Math.min(3600000, Math.max(120000, end - first));
+    const range = { t0: end - span, t1: end };
+    lineChart('hour-chart', range, int, [
+      { name: 'incoming', cls: 's0', points: pts((s) => s.requests) },
+      { name: 'upstream', cls: 's1', points: pts((s) => s.upstream_calls) },
+      { name: 'saved', cls: 's3', points: pts((s) => s.saved_calls) },
+    ]);
+    lineChart('money-chart', range, usdAxis, [
+      { name: 'saved', cls: 's3', points: pts((s) => s.saved_cost_usd) },
+      { name: 'spent', cls: 's1', points: pts((s) => s.spent_cost_usd) },
+    ]);
+    lineChart('errors-chart', range, int, [
+      { name: 'provider', cls: 's2', points: pts((s) => s.provider_errors) },
+      { name: 'timeouts', cls: 's4', points: pts((s) => s.timeouts) },
+      { name: 'rejections', cls: 's5', points: pts((s) => s.rejections) },
+      { name: 'contract', cls: 's6', points: pts((s) => s.contract_violations) },
+    ]);
+    const routeNames = Object.keys(tl.since_start.routes).sort();
+    const latencySeries = routeNames.map((r, i) => ({ name: r, cls: 's' + (i % 6),
+      points: pts((s) => (s.routes[r] ? s.routes[r].p95_ms : null)) }));
+    latencySeries.push({ name: "followers' wait", cls: 's7', points: pts((s) => s.wait.p95_ms) });
+    lineChart('latency-chart', range, ms, latencySeries);
+    $('latency-legend').replaceChildren(...latencySeries.map((x) =>
+      el('span', null, el('i', { class: 'swatch ' + x.cls }), x.name)));
+
+    // Latency per route, and the followers' wait.
+    const lastOf = (route) => {
+      for (let i = samples.length - 1; i >= 0; i--) {
+        const p = samples[i].routes[route];
+        if (p && p.count) return samples[i].at_ms >= end - 15000 ? p : null;
+      }
+      return null;
+    };
+    const latencyRow = (testid, name, p, recent) => el('tr', { 'data-testid': testid, 'data-route': name },
+      el('td', null, name),
+      el('td', { class: 'num count', 'data-value': p.count }, int(p.count)),
+      el('td', { class: 'num p50', 'data-value': p.p50_ms ?? '' }, ms(p.p50_ms)),
+      el('td', { class: 'num p95', 'data-value': p.p95_ms ?? '' }, ms(p.p95_ms)),
+      el('td', { class: 'num p99', 'data-value': p.p99_ms ?? '' }, ms(p.p99_ms)),
+      el('td', { class: 'num recent', 'data-value': recent ? recent.p95_ms : '' }, recent ? ms(recent.p95_ms) : '–'));
+    const rows = routeNames.map((r) => latencyRow('latency-' + r, r, tl.since_start.routes[r], lastOf(r)));
+    const lastWait = samples.length ? samples[samples.length - 1].wait : null;
+    rows.push(latencyRow('latency-followers', "followers' wait", tl.since_start.wait,
+      lastWait && lastWait.count ? lastWait : null));
+    $('latency').tBodies[0].replaceChildren(...rows);
+
+    // Every route's targets: circuit, the provider's calls and errors, latency.
+    const health = tl.targets.map((t, i) => {
+      const first = i === 0 || tl.targets[i - 1].route !== t.route;
+      const calls = t.provider_calls.last_hour;
+      const errShare = t.provider_calls.error_share_last_hour;
+      const circuit = t.circuit ? t.circuit.state : 'unknown';
+      const lat = t.latency.total;
+      return el('tr', { 'data-testid': `health-${t.route}-${t.index}`, class: first ? 'first' : null },
+        el('td', null, first ? t.route : ''),
+        el('td', null, el('span', { class: 'mono' }, `${t.provider} / ${t.model}`)),
+        el('td', { class: 'circuit', 'data-state': circuit }, pill(circuit, circuitKind(circuit))),
+        el('td', { class: 'num calls', 'data-value': calls.calls }, int(calls.calls)),
+        el('td', { class: 'num errors' + (errShare > 0 ? ' bad' : ''), 'data-value': errShare ?? '',
+          'data-errors': calls.errors }, errShare === null ? '–' : `${pct(errShare)} (${int(calls.errors)})`),
+        el('td', { class: 'num p50', 'data-value': lat.p50_ms ?? '' }, ms(lat.p50_ms)),
+        el('td', { class: 'num p95', 'data-value': lat.p95_ms ?? '' }, ms(lat.p95_ms)),
+        el('td', { class: 'price', 'data-value': t.priced }, t.priced ? 'priced' : el('span', { class: 'hint' }, 'no price')));
+    });
+    $('health').tBodies[0].replaceChildren(...health);
+  }
+
+  // A small line chart of `series` ({name, cls, points: [{t, v}]}; a null
+  // value is a gap) over `range`, in the SVG `id`.
+  function lineChart(id, range, fmt, series) {
+    const chart = $(id);
+    const box = $(id + '-box');
+    const W = Math.max(260, Math.floor(box.clientWidth || 600));
+    const H = 170;
+    const pad = { l: 62, r: 10, t: 10, b: 24 };
+    chart.setAttribute('viewBox', `0 0 ${W} ${H}`);
+    chart.setAttribute('width', W);
+    chart.setAttribute('height', H);
+    const { t0, t1 } = range;
+    const values = series.flatMap((s) => s.points.map((p) => p.v)).filter((v) => typeof v === 'number');
+    const max = Math.max(0, ...values);
+    const top = max > 0 ? niceCeil(max) : 1;
+    const x = (t) => pad.l + ((t - t0) / (t1 - t0)) * (W - pad.l - pad.r);
+    const y = (v) => H - pad.b - (v / top) * (H - pad.t - pad.b);
+    const nodes = [];
+    for (let i = 0; i <= 2; i++) {
+      const v = (top * i) / 2;
+      nodes.push(svg('line', { x1: pad.l, x2: W - pad.r, y1: y(v), y2: y(v), class: 'grid' }));
+      nodes.push(svg('text', { x: pad.l - 6, y: y(v) + 4, class: 'axis', 'text-anchor': 'end' }, i === 0 ? '0' : fmt(v)));
+    }
+    const mins = Math.round((t1 - t0) / 60000);
+    nodes.push(svg('text', { x: pad.l, y: H - 6, class: 'axis', 'text-anchor': 'start' }, `-${mins} min`));
+    nodes.push(svg('text', { x: W - pad.r, y: H - 6, class: 'axis', 'text-anchor': 'end' }, 'now'));
+    if (!values.length) {
+      nodes.push(svg('text', { x: pad.l + 8, y: pad.t + 20, class: 'empty-note' }, 'nothing yet'));
+    }
+    for (const s of series) {
+      const shown = s.points.filter((p) => p.t >= t0);
+      const known = shown.filter((p) => typeof p.v === 'number');
+      // Runs of known values, split at the gaps.
+      let run = [];
+      const runs = [];
+      for (const p of shown) {
+        if (typeof p.v === 'number') run.push(p);
+        else if (run.length) { runs.push(run); run = []; }
+      }
+      if (run.length) runs.push(run);
+      const g = svg('g', { 'data-series': s.name, 'data-points': known.length,
+        'data-max': Math.max(0, ...known.map((p) => p.v)),
+        'data-sum': known.reduce((a, p) => a + p.v, 0) });
+      for (const r of runs) {
+        if (r.length === 1) {
+          g.append(svg('circle', { cx: x(r[0].t), cy: y(r[0].v), r: 2.5, class: 'dot ' + s.cls }));
+        } else {
+          g.append(svg('polyline', { points: r.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(' '),
+            class: 'series ' + s.cls }));
+        }
+      }
+      nodes.push(g);
+    }
+    chart.replaceChildren(...nodes);
   }
 
   // ----------------------------------------------------------------- start

@@ -11,7 +11,9 @@
 //!   hash, whether failover may use them, and their circuit state;
 //! - `GET /v1/admin/jobs` and `GET /v1/admin/jobs/{id}`: jobs across tenants
 //!   (the tenant endpoints under `/v1/jobs` stay scoped to the caller's
-//!   tenant), for the operator and the dashboard at `/ui`.
+//!   tenant), for the operator and the dashboard at `/ui`;
+//! - `GET /v1/admin/timeline`: the last hour at 10-second resolution that
+//!   this gateway keeps for the dashboard (see [`crate::timeline`]).
 
 use std::collections::HashMap;
 
@@ -295,4 +297,18 @@ pub async fn job(
         .ok_or(ApiError::NotFound("job"))?;
     let attempts = app.store.attempts(&job.id).await?;
     Ok(Json(admin_job(&job, Some(&attempts))))
+}
+
+/// `GET /v1/admin/timeline`: this gateway's last hour, sampled every 10
+/// seconds, with the sums since start and each target's health.
+pub async fn timeline(
+    State(app): State<AppState>,
+    caller: Caller,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_admin()?;
+    Ok(Json(crate::timeline::view(
+        &app.metrics,
+        &app.timeline,
+        &caller.live.routes,
+    )))
 }

@@ -46,6 +46,8 @@ pub struct Shared {
     pub store: Arc<dyn Store>,
     pub jobs: Arc<Jobs>,
     pub limits: Limits,
+    /// The last hour at 10-second resolution, for the dashboard.
+    pub timeline: crate::timeline::Timeline,
 }
 
 /// The job workers see the gateway through its handles only.
@@ -239,6 +241,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/reload", post(admin::reload))
         .route("/v1/admin/jobs", get(admin::jobs))
         .route("/v1/admin/jobs/{id}", get(admin::job))
+        .route("/v1/admin/timeline", get(admin::timeline))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

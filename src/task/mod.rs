@@ -296,6 +296,8 @@ impl Core {
     /// ends (its upstream time and token counts are known then; its latency
     /// stays the time to the answer's head).
     pub fn finish(&self, f: Finish<'_>) {
+        // The dashboard's figures: latency, timeouts, contract violations.
+        observe(&self.metrics, &f);
         match f.count {
             Some(Count::Answered(outcome)) => {
                 if let (Some(tenant), Some(route)) = (f.tenant, f.route) {
@@ -503,6 +505,34 @@ fn end_span(t: &Trace, e: SpanEnd<'_>) {
         t.fail(format!("{} ({})", e.outcome, e.status));
     }
     t.end();
+}
+
+/// What the dashboard's timeline takes from a request's end: its latency
+/// (a job's creation is no answer: none), and the answer it was counted
+/// with.
+fn observe(metrics: &Metrics, f: &Finish<'_>) {
+    let Some(route) = f.route else { return };
+    let line = f.line.as_ref();
+    let latency = line
+        .filter(|l| l.outcome != "created")
+        .map(|l| l.started.elapsed());
+    let outcome = match f.count {
+        Some(Count::Answered(o)) => Some(o),
+        _ => None,
+    };
+    let live = match line.and_then(|l| l.answer.as_ref()) {
+        Some(Source::Live(flight)) => flight.answer(),
+        _ => None,
+    };
+    let answer = match line {
+        Some(l) => match &l.answer {
+            Some(Source::Done(a)) => Some(&**a),
+            Some(Source::Live(_)) => live.as_deref(),
+            None => l.answer_of_job.as_deref(),
+        },
+        None => f.answered,
+    };
+    metrics.request_done(route, latency, outcome, answer);
 }
 
 /// The money of one request's answer: for a request answered without a

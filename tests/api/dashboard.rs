@@ -258,3 +258,125 @@ async fn jobs_held_by_unknown_attempts_are_listed_for_the_admin() {
     assert_eq!(stats["attempt_races"], 0, "{stats}");
     app.stop().await;
 }
+
+/// Sums a figure over the timeline's samples.
+fn summed(timeline: &Value, f: impl Fn(&Value) -> u64) -> u64 {
+    timeline["samples"].as_array().unwrap().iter().map(f).sum()
+}
+
+#[tokio::test]
+async fn the_timeline_is_the_admins_and_samples_a_scripted_run() {
+    let app = TestApp::spawn().await;
+    let path = "/v1/admin/timeline";
+    assert_error(get_raw(&app, path, None).await, 401, "invalid_api_key").await;
+    assert_error(
+        get_raw(&app, path, Some(ACME)).await,
+        403,
+        "admin_key_required",
+    )
+    .await;
+    let (status, empty) = app.get_json(ADMIN, path).await;
+    assert_eq!(status, 200, "{empty}");
+    assert_eq!(empty["interval_seconds"], 10);
+    assert_eq!(empty["capacity"], 360);
+    assert_eq!(empty["last_hour"]["counts"]["requests"], 0);
+    assert_eq!(
+        empty["last_hour"]["counts"]["spent_cost_usd"],
+        Value::Null,
+        "nothing priced yet: unknown, not 0"
+    );
+
+    // The route's target is gpt-4o-mini (a built-in price): a leader, then
+    // a cache hit that saves its call.
+    for outcome in ["leader", "cache-hit"] {
+        let r = app.chat(ACME, &chat_body("timeline: priced")).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["idem-outcome"], outcome);
+    }
+    // An error burst: the provider answers 500 until its circuit opens
+    // (5 failures), then the route has no target.
+    app.mock.set_behaviour(Behaviour {
+        fail_status: Some(500),
+        ..Behaviour::default()
+    });
+    for i in 0..5 {
+        let r = app
+            .chat(ACME, &chat_body(&format!("timeline: burst {i}")))
+            .await;
+        assert!(r.status().is_server_error(), "{}", r.status());
+    }
+    let r = app
+        .chat(ACME, &chat_body("timeline: after the burst"))
+        .await;
+    assert_eq!(r.status(), 503);
+    // A rejection: no such model.
+    let r = app
+        .chat(
+            ACME,
+            &json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 404);
+
+    let s = &app.state;
+    idem::timeline::sample(&s.metrics, &s.timeline, &s.live.load().routes);
+    let (_, t) = app.get_json(ADMIN, path).await;
+    let n = |key: &'static str| summed(&t, move |s| s[key].as_u64().unwrap());
+    assert!(!t["samples"].as_array().unwrap().is_empty(), "{t}");
+    assert_eq!(n("requests"), 9, "{t}");
+    assert_eq!((n("leaders"), n("cache_hits"), n("saved_calls")), (6, 1, 1));
+    assert_eq!((n("upstream_calls"), n("provider_errors")), (6, 5));
+    assert_eq!((n("rejections"), n("no_target"), n("timeouts")), (1, 1, 0));
+    assert_eq!(n("contract_violations"), 0);
+    // Every request with an answer or a refusal after routing has a
+    // latency on its route (the unknown model has no route).
+    let bot = summed(&t, |s| s["routes"]["bot"]["count"].as_u64().unwrap_or(0));
+    assert_eq!(bot, 8, "{t}");
+    let calls = summed(&t, |s| {
+        s["providers"]["primary"]["calls"].as_u64().unwrap_or(0)
+    });
+    let errors = summed(&t, |s| {
+        s["providers"]["primary"]["errors"].as_u64().unwrap_or(0)
+    });
+    assert_eq!((calls, errors), (6, 5));
+    let last = t["samples"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["targets"][0]["provider"], "primary");
+    assert_eq!(last["targets"][0]["circuit"], "open", "{last}");
+    // Only the successful call has an upstream latency.
+    let answered = summed(&t, |s| {
+        s["targets"][0]["latency"]["count"].as_u64().unwrap()
+    });
+    assert_eq!(answered, 1);
+
+    // Money: the saved call cost what the spent one did (the same answer).
+    let (_, stats) = app.get_json(ADMIN, "/v1/stats").await;
+    let hour = &t["last_hour"]["counts"];
+    let spent = hour["spent_cost_usd"].as_f64().unwrap();
+    let saved = hour["saved_cost_usd"].as_f64().unwrap();
+    assert!(spent > 0.0, "{hour}");
+    assert!((spent - stats["coalescing"]["spent_cost_usd"].as_f64().unwrap()).abs() < 1e-9);
+    assert!((saved - spent).abs() < 1e-9, "{hour}");
+    assert_eq!(hour["saved_calls"], 1);
+    assert_eq!(hour["requests"], 9);
+    assert_eq!(t["since_start"]["counts"]["requests"], 9);
+    assert!(hour["saved_input_tokens"].as_u64().unwrap() > 0, "{hour}");
+
+    // Each target with its health.
+    let target = &t["targets"][0];
+    assert_eq!(target["route"], "bot");
+    assert_eq!(target["circuit"]["state"], "open");
+    assert_eq!(target["priced"], true);
+    assert_eq!(target["provider_calls"]["last_hour"]["calls"], 6);
+    let share = target["provider_calls"]["error_share_last_hour"]
+        .as_f64()
+        .unwrap();
+    assert!((share - 5.0 / 6.0).abs() < 1e-9, "{target}");
+    assert_eq!(target["latency"]["total"]["count"], 1);
+    assert!(
+        t["since_start"]["routes"]["bot"]["p99_ms"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    app.stop().await;
+}

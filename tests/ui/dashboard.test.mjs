@@ -5,7 +5,10 @@
 // in front of four providers: the built-in mock (instant), `idem
 // mock-upstream` answering after 400 ms, another answering JSON that keeps
 // a route's contract, and a socket here that accepts calls and never
-// answers (its attempts end `unknown`, and its circuit opens). Then it drives
+// answers (its attempts end `unknown`, and its circuit opens), and one that
+// answers every call with a 500 (an error burst that opens its circuit).
+// The gateway's `slow` route is priced (gpt-4o-mini's built-in price), the
+// `mock` route is not (its cost is unknown). Then it drives
 // Debian's Chromium with playwright-core: signs in with the admin key, reads
 // the figures, fires waves of identical requests and a few jobs, and checks
 // that what the page shows moved by exactly what was sent.
@@ -14,7 +17,8 @@
 //   IDEM_BIN                 the idem binary (default: ../../target/debug/idem)
 //   CHROMIUM                 the browser (default: /usr/bin/chromium)
 //   IDEM_UI_REDIS            a Redis URL: coalesce through Redis (the page then shows it)
-//   IDEM_UI_SCREENSHOT_DIR   where dashboard.png and job.png go (default: ../../target/ui-test)
+//   IDEM_UI_SCREENSHOT_DIR   where dashboard.png, dashboard-narrow.png and job.png go
+//                            (default: ../../target/ui-test)
 //
 // Run: `npm ci && npm test` in this folder (.ci/ui-test does it all).
 
@@ -172,6 +176,11 @@ before(async () => {
     ['mock-upstream', '--listen', '127.0.0.1:0', '--content', '{"answer": "It is on its way.", "category": "delivery"}'], {},
     /mock-upstream listening on (http:\/\/\S+)/);
   const keeperUrl = keeper[1];
+  // A provider that answers every call with a 500.
+  const erratic = await startProcess('mock-upstream (500s)',
+    ['mock-upstream', '--listen', '127.0.0.1:0', '--fail-status', '500'], {},
+    /mock-upstream listening on (http:\/\/\S+)/);
+  const erraticUrl = erratic[1];
 
   // A provider that accepts the call and never answers: attempts on it
   // time out after sending, which idem records as `unknown`.
@@ -235,6 +244,14 @@ kind = "openai"
 base_url = "${keeperUrl}"
 timeout = "10s"
 [[providers]]
+name = "erratic"
+kind = "openai"
+base_url = "${erraticUrl}"
+timeout = "10s"
+[providers.breaker]
+failures = 3
+cooldown = "10m"
+[[providers]]
 name = "silent"
 kind = "openai"
 base_url = "${silentUrl}"
@@ -259,6 +276,11 @@ targets = [{ provider = "silent", model = "never" }]
 max = 1
 timeout = "300ms"
 late_result_window = "1s"
+[[routes]]
+model = "flaky"
+targets = [{ provider = "erratic", model = "gpt-4o-mini" }]
+[routes.attempts]
+max = 1
 [[routes]]
 model = "support"
 contract = "support.toml"
@@ -341,6 +363,16 @@ test('signing in: a tenant key is refused, the admin key opens the dashboard', a
   assert.ok(!page.url().includes(ADMIN), 'the key is not in the URL');
   assert.equal(await page.evaluate(() => sessionStorage.getItem('idem.adminKey')), ADMIN);
   assert.equal(await page.inputValue('#admin-key'), '', 'the key is not left in the form');
+
+  // Nothing priced was counted yet: the dollars are unknown, never $0.
+  await until('the money figures', async () => ({ ok: (await page.textContent('#saved-usd')) !== '–' }));
+  for (const id of ['saved-usd', 'spent-usd', 'saved-usd-hour', 'spent-usd-hour']) {
+    assert.equal(await page.textContent('#' + id), 'unknown', id);
+    assert.equal(await page.getAttribute('#' + id, 'data-unknown'), 'true', id);
+  }
+  // No job is held: the table is collapsed.
+  assert.equal(await page.locator('#held-panel').evaluate((n) => n.open), false);
+  assert.equal(await page.textContent('#held-count'), 'none');
 });
 
 test('a wave of identical requests: incoming +50, upstream +1, saved +49, on screen', async () => {
@@ -378,6 +410,116 @@ test('a wave of identical requests: incoming +50, upstream +1, saved +49, on scr
   const peakIn = Number(await page.locator('#chart polyline[data-series=incoming]').getAttribute('data-max'));
   const peakUp = Number(await page.locator('#chart polyline[data-series=upstream]').getAttribute('data-max'));
   assert.ok(peakIn >= 10 && peakIn > 5 * peakUp, `chart peaks: incoming ${peakIn}/s, upstream ${peakUp}/s`);
+});
+
+/** A row's cell figure (its data-value) in a table. */
+async function cell(testid, cls) {
+  const v = await page.locator(`[data-testid="${testid}"] .${cls}`).getAttribute('data-value');
+  return v === null || v === '' ? null : Number(v);
+}
+
+test('money, tokens and latency of the waves: what /v1/stats says, on screen', async () => {
+  await nextPoll();
+  const stats = (await http('GET', '/v1/stats', { key: ADMIN })).json.coalescing;
+  const shown = await until('the page shows the figures of /v1/stats', async () => {
+    await nextPoll();
+    const f = await figures('saved-usd', 'spent-usd', 'calls-saved', 'tokens-saved', 'unpriced-saves', 'calls-saved-hour');
+    return { ok: f['calls-saved'] === stats.saved_calls, ...f };
+  });
+  // The slow wave is priced (49 saved calls at gpt-4o-mini's price); the
+  // mock wave is not: its 49 saves are counted apart, not as $0.
+  assert.ok(stats.saved_cost_usd > 0, JSON.stringify(stats));
+  assert.ok(Math.abs(shown['saved-usd'] - stats.saved_cost_usd) < 1e-9, `saved $: ${JSON.stringify(shown)}`);
+  assert.ok(Math.abs(shown['spent-usd'] - stats.spent_cost_usd) < 1e-9, `spent $: ${JSON.stringify(shown)}`);
+  assert.equal(shown['calls-saved'], 2 * (WAVE - 1));
+  assert.equal(shown['calls-saved-hour'], 2 * (WAVE - 1), 'the whole run is within the last hour');
+  assert.equal(shown['unpriced-saves'], stats.unpriced_saves);
+  assert.equal(shown['tokens-saved'], stats.saved_input_tokens + stats.saved_output_tokens);
+  assert.ok(shown['tokens-saved'] > 0);
+  assert.match(await page.textContent('#saved-usd'), /^\$0\.0\d+$/);
+  assert.equal(await page.getAttribute('#saved-usd', 'data-unknown'), 'false');
+
+  // Request latency per route: 50 requests each; the slow provider takes 400 ms.
+  assert.equal(await cell('latency-slow', 'count'), WAVE);
+  assert.equal(await cell('latency-mock', 'count'), WAVE);
+  const slow = { p50: await cell('latency-slow', 'p50'), p95: await cell('latency-slow', 'p95'), p99: await cell('latency-slow', 'p99') };
+  assert.ok(slow.p50 >= 350 && slow.p50 <= slow.p95 && slow.p95 <= slow.p99, `slow latency: ${JSON.stringify(slow)}`);
+  assert.ok(await cell('latency-mock', 'p99') < 350, 'the built-in mock answers at once');
+  // The slow wave's 49 followers waited for their leader (the mock wave's
+  // are mostly cache hits, which do not wait).
+  const waited = await cell('latency-followers', 'count');
+  assert.ok(waited >= WAVE - 1 && waited <= await figure('followers'), `followers' waits: ${waited}`);
+  assert.ok(await cell('latency-followers', 'p95') >= 300, "followers' wait on the slow wave");
+  // The slow target's upstream latency: its one call took 400 ms.
+  assert.ok(await cell('health-slow-0', 'p50') >= 380, 'upstream latency of the slow target');
+  assert.equal(await page.getAttribute('[data-testid="health-slow-0"] .price', 'data-value'), 'true');
+  assert.equal(await page.getAttribute('[data-testid="health-mock-0"] .price', 'data-value'), 'false');
+  // The charts of the last hour have the waves.
+  const incoming = await page.locator('#hour-chart g[data-series=incoming]').getAttribute('data-sum');
+  assert.ok(Number(incoming) >= 2 * WAVE, `hour chart: ${incoming}`);
+  const savedUsd = await page.locator('#money-chart g[data-series=saved]').getAttribute('data-sum');
+  assert.ok(Math.abs(Number(savedUsd) - stats.saved_cost_usd) < 1e-6, `money chart: ${savedUsd}`);
+});
+
+let failedJob;
+
+test('an error burst opens a circuit; a contract violation; errors by class on screen', async () => {
+  await nextPoll();
+  const errors = ['err-provider', 'err-timeouts', 'err-rejections', 'err-contract', 'err-no-target', 'err-internal'];
+  const before = await figures(...errors);
+  assert.equal(await page.getAttribute('[data-testid="health-flaky-0"] .circuit', 'data-state'), 'closed');
+
+  // A job on the provider answering 500: one attempt, failed.
+  const job = await http('POST', '/v1/jobs', {
+    key: ACME,
+    headers: { 'idempotency-key': `ui-failed-${RUN}` },
+    body: { request: { model: 'flaky', messages: [{ role: 'user', content: `failed job ${RUN}` }] } },
+  });
+  assert.equal(job.status, 201, job.text);
+  failedJob = job.json.id;
+  await until('the job fails', async () => {
+    const j = (await http('GET', '/v1/admin/jobs/' + failedJob, { key: ADMIN })).json;
+    return { ok: j.state === 'failed', state: j.state };
+  });
+  // Two chat requests: 500 each; three failures open the circuit.
+  for (const i of [1, 2]) {
+    const r = await chat('flaky', `burst ${i} ${RUN}`);
+    assert.ok(r.status >= 500, `burst ${i}: ${r.status}`);
+  }
+  // Then the route has no target.
+  for (const i of [3, 4]) {
+    const r = await chat('flaky', `burst ${i} ${RUN}`);
+    assert.equal(r.status, 503, `after the burst: ${r.text}`);
+  }
+  // The built-in mock's answer is no JSON: it breaks the support route's contract.
+  const broken = await chat('support', `contract ${RUN}`);
+  assert.ok(broken.status >= 500, broken.text);
+  // A rejection: a model no route serves.
+  assert.equal((await chat('no-such-model', 'x')).status, 404);
+
+  const after = await until('the page shows the burst', async () => {
+    const f = await figures(...errors);
+    return { ok: f['err-provider'] >= before['err-provider'] + 3 && f['err-rejections'] >= before['err-rejections'] + 1, ...f };
+  });
+  assert.equal(after['err-provider'], before['err-provider'] + 3, 'three calls answered 500');
+  assert.equal(after['err-no-target'], before['err-no-target'] + 2);
+  assert.equal(after['err-contract'], before['err-contract'] + 1);
+  assert.equal(after['err-rejections'], before['err-rejections'] + 1);
+  assert.equal(after['err-timeouts'], before['err-timeouts']);
+  assert.equal(after['err-internal'], before['err-internal']);
+  assert.ok(await page.locator('#err-card-provider').evaluate((n) => n.classList.contains('alert')));
+  assert.ok(await figure('err-provider-rate') > 0);
+
+  // The target's health: circuit open, every call of its provider failed.
+  const flaky = '[data-testid="health-flaky-0"]';
+  await until('the circuit opens on screen', async () => ({ ok: (await page.getAttribute(flaky + ' .circuit', 'data-state')) === 'open' }));
+  assert.equal(await cell('health-flaky-0', 'calls'), 3);
+  assert.equal(await cell('health-flaky-0', 'errors'), 1);
+  assert.match(await page.textContent(flaky + ' .errors'), /100\.0 %/);
+  assert.equal(await cell('health-flaky-0', 'p50'), null, 'no successful call: no latency');
+  assert.equal(await page.getAttribute('[data-testid="health-slow-0"] .circuit', 'data-state'), 'closed');
+  const provider = await page.locator('#errors-chart g[data-series=provider]').getAttribute('data-sum');
+  assert.ok(Number(provider) >= 3, `errors chart: ${provider}`);
 });
 
 let hedged;
@@ -423,6 +565,9 @@ test('jobs: by state, unknown attempts highlighted, attempt races counted', asyn
       && await page.locator(`#recent-jobs tr[data-job-id="${held}"]`).count() === 1,
   }));
   assert.ok(await page.locator(`#recent-jobs tr[data-job-id="${held}"]`).evaluate((n) => n.classList.contains('held')));
+  // A held job opens the collapsed table.
+  assert.equal(await page.locator('#held-panel').evaluate((n) => n.open), true);
+  assert.equal(await page.textContent('#held-count'), '1');
 
   // The provider that never answers: the attempt's call listens for a late
   // answer for 1 s (the route's late_result_window), then times out, and
@@ -447,7 +592,7 @@ test('targets: certification for the contract, as certified', async () => {
   });
   const allowed = (i) => page.locator(`[data-testid="target-support-${i}"] .failover`).getAttribute('data-value');
   assert.deepEqual([await allowed(1), await allowed(2)], ['true', 'false']);
-  assert.equal(await page.locator('#routes tbody tr').count(), 7);
+  assert.equal(await page.locator('#routes tbody tr').count(), 8);
 });
 
 test('the job page shows the attempts on a timeline', async () => {
@@ -484,6 +629,15 @@ test('the job page shows the attempts on a timeline', async () => {
   assert.equal(await page.textContent('#job-state'), 'running');
   assert.equal(await page.locator('[data-testid="attempt-1"]').getAttribute('data-state'), 'unknown');
 
+  // A failed attempt: the provider's status (from its reason) and the reason.
+  await page.goto(base + '/ui#/jobs/' + failedJob);
+  await until('the failed job is shown', async () => ({ ok: (await page.textContent('#job-state')) === 'failed' }));
+  const attempt = page.locator('[data-testid="attempt-1"]');
+  assert.equal(await attempt.getAttribute('data-state'), 'failed');
+  assert.equal(await attempt.locator('.status').textContent(), '5xx');
+  assert.equal(await attempt.locator('.reason').textContent(), 'provider_error');
+  assert.match(await page.textContent('#job-error'), /provider_error/);
+
   await page.goto(base + '/ui#/jobs/00000000-0000-7000-8000-000000000000');
   await page.locator('#job-missing').waitFor({ state: 'visible' });
 });
@@ -518,6 +672,46 @@ test('under load: the chart moves, and a screenshot of it', async () => {
   assert.ok(rateIn !== null && inflight !== null);
   const peakIn = Number(await page.locator('#chart polyline[data-series=incoming]').getAttribute('data-max'));
   assert.ok(peakIn > 20, `the load shows on the chart: ${peakIn}/s`);
+});
+
+/** The page is no wider than the window (nothing scrolls sideways). */
+async function noHorizontalOverflow(what) {
+  const { scroll, inner } = await page.evaluate(() => ({
+    scroll: document.documentElement.scrollWidth, inner: window.innerWidth,
+  }));
+  assert.ok(scroll <= inner, `${what}: the page is ${scroll} px wide in a ${inner} px window`);
+}
+
+test('at 400 px wide: the same figures, one column, no sideways scrolling', async () => {
+  await page.goto(base + '/ui#/');
+  await page.locator('#dashboard').waitFor({ state: 'visible' });
+  await nextPoll();
+  const ids = ['saved-usd', 'spent-usd', 'calls-saved', 'tokens-saved', 'err-provider', 'err-no-target', 'err-contract', 'err-rejections'];
+  const wide = await figures(...ids);
+  const wideCircuit = await page.getAttribute('[data-testid="health-flaky-0"] .circuit', 'data-state');
+  await page.setViewportSize({ width: 400, height: 900 });
+  await nextPoll();
+  const narrow = await figures(...ids);
+  assert.deepEqual(narrow, wide, 'the same figures at 400 px');
+  assert.equal(await page.getAttribute('[data-testid="health-flaky-0"] .circuit', 'data-state'), wideCircuit);
+  assert.equal(wideCircuit, 'open');
+  for (const id of ['saved-usd', 'err-provider', 'health', 'latency', 'money-chart']) {
+    assert.ok(await page.locator('#' + id).isVisible(), `#${id} is shown at 400 px`);
+  }
+  // The panels are stacked: a card and a chart fit in the window.
+  const box = await page.locator('#money-chart').boundingBox();
+  assert.ok(box && box.x >= 0 && box.x + box.width <= 400, `the money chart fits: ${JSON.stringify(box)}`);
+  await noHorizontalOverflow('the dashboard at 400 px');
+  mkdirSync(SHOTS, { recursive: true });
+  await page.screenshot({ path: path.join(SHOTS, 'dashboard-narrow.png'), fullPage: true });
+
+  await page.goto(base + '/ui#/jobs/' + hedged);
+  await until('the job is shown at 400 px', async () => ({ ok: (await page.textContent('#job-state')) === 'succeeded' }));
+  await noHorizontalOverflow('a job at 400 px');
+  await page.setViewportSize({ width: 1400, height: 1000 });
+  await page.goto(base + '/ui#/');
+  await page.locator('#dashboard').waitFor({ state: 'visible' });
+  await noHorizontalOverflow('the dashboard at 1400 px');
 });
 
 test('the coalescing backend and Redis status are shown', async () => {
