@@ -117,18 +117,36 @@ pub struct TenantStats {
     waits_us: Mutex<Option<Hdr<u64>>>,
     items: AtomicU64,
     items_sent: AtomicU64,
-    saved_input_tokens: AtomicU64,
-    saved_cached_input_tokens: AtomicU64,
-    saved_output_tokens: AtomicU64,
-    saved_cost: Dollars,
-    /// Saved answers whose call's target has no price.
-    unpriced_saves: AtomicU64,
-    spent_input_tokens: AtomicU64,
-    spent_cached_input_tokens: AtomicU64,
-    spent_output_tokens: AtomicU64,
-    spent_cost: Dollars,
-    /// Upstream calls with tokens whose target has no price.
-    unpriced_calls: AtomicU64,
+    /// The tokens and dollars of the calls not made.
+    saved: Money,
+    /// The tokens and dollars of the calls made.
+    spent: Money,
+}
+
+/// Tokens and what they cost, added up; `unpriced` counts the additions
+/// without a price (in the tokens, not in the dollars).
+#[derive(Default)]
+struct Money {
+    input: AtomicU64,
+    cached_input: AtomicU64,
+    output: AtomicU64,
+    cost: Dollars,
+    unpriced: AtomicU64,
+}
+
+impl Money {
+    fn add(&self, tokens: Tokens, cost: Option<f64>) {
+        self.input.fetch_add(tokens.input, Ordering::Relaxed);
+        self.cached_input
+            .fetch_add(tokens.cached_input, Ordering::Relaxed);
+        self.output.fetch_add(tokens.output, Ordering::Relaxed);
+        match cost {
+            Some(c) => self.cost.add(c),
+            None => {
+                self.unpriced.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// The figures `/v1/stats` returns for one tenant or for all.
@@ -718,14 +736,12 @@ impl Metrics {
         if let Some(t) = named.tenants.get(tenant) {
             t.items.fetch_add(all, Ordering::Relaxed);
             t.items_sent.fetch_add(sent, Ordering::Relaxed);
-            t.saved_input_tokens
-                .fetch_add(saved_tokens, Ordering::Relaxed);
-            match saved_cost {
-                Some(c) => t.saved_cost.add(c),
-                None if saved_tokens > 0 => {
-                    t.unpriced_saves.fetch_add(1, Ordering::Relaxed);
-                }
-                None => {}
+            if saved_tokens > 0 || saved_cost.is_some() {
+                let tokens = Tokens {
+                    input: saved_tokens,
+                    ..Tokens::default()
+                };
+                t.saved.add(tokens, saved_cost);
             }
         }
     }
@@ -764,18 +780,7 @@ impl Metrics {
                 .add(cost);
         }
         if let Some(t) = self.named.load().tenants.get(tenant) {
-            t.spent_input_tokens
-                .fetch_add(tokens.input, Ordering::Relaxed);
-            t.spent_cached_input_tokens
-                .fetch_add(tokens.cached_input, Ordering::Relaxed);
-            t.spent_output_tokens
-                .fetch_add(tokens.output, Ordering::Relaxed);
-            match cost {
-                Some(c) => t.spent_cost.add(c),
-                None => {
-                    t.unpriced_calls.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            t.spent.add(tokens, cost);
         }
     }
 
@@ -794,18 +799,7 @@ impl Metrics {
             }
         }
         if let Some(t) = named.tenants.get(tenant) {
-            t.saved_input_tokens
-                .fetch_add(tokens.input, Ordering::Relaxed);
-            t.saved_cached_input_tokens
-                .fetch_add(tokens.cached_input, Ordering::Relaxed);
-            t.saved_output_tokens
-                .fetch_add(tokens.output, Ordering::Relaxed);
-            match cost {
-                Some(c) => t.saved_cost.add(c),
-                None => {
-                    t.unpriced_saves.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            t.saved.add(tokens, cost);
         }
     }
 
@@ -1004,20 +998,20 @@ impl Metrics {
             v.leader_errors_shared += get(&t.leader_errors_shared);
             v.embedding_items += get(&t.items);
             v.embedding_items_sent += get(&t.items_sent);
-            v.saved_input_tokens += get(&t.saved_input_tokens);
-            v.saved_cached_input_tokens += get(&t.saved_cached_input_tokens);
-            v.saved_output_tokens += get(&t.saved_output_tokens);
-            v.unpriced_saves += get(&t.unpriced_saves);
-            v.spent_input_tokens += get(&t.spent_input_tokens);
-            v.spent_cached_input_tokens += get(&t.spent_cached_input_tokens);
-            v.spent_output_tokens += get(&t.spent_output_tokens);
-            v.unpriced_calls += get(&t.unpriced_calls);
+            v.saved_input_tokens += get(&t.saved.input);
+            v.saved_cached_input_tokens += get(&t.saved.cached_input);
+            v.saved_output_tokens += get(&t.saved.output);
+            v.unpriced_saves += get(&t.saved.unpriced);
+            v.spent_input_tokens += get(&t.spent.input);
+            v.spent_cached_input_tokens += get(&t.spent.cached_input);
+            v.spent_output_tokens += get(&t.spent.output);
+            v.unpriced_calls += get(&t.spent.unpriced);
             let add = |sum: Option<f64>, d: &Dollars| match (sum, d.get()) {
                 (Some(a), Some(b)) => Some(a + b),
                 (a, b) => a.or(b),
             };
-            v.saved_cost_usd = add(v.saved_cost_usd, &t.saved_cost);
-            v.spent_cost_usd = add(v.spent_cost_usd, &t.spent_cost);
+            v.saved_cost_usd = add(v.saved_cost_usd, &t.saved.cost);
+            v.spent_cost_usd = add(v.spent_cost_usd, &t.spent.cost);
             if let Ok(h) = t.waits_us.lock()
                 && let Some(h) = h.as_ref()
             {

@@ -461,9 +461,12 @@ max_wait = "120s"
 [routes.attempts]
 timeout = "120s"
 {cache}{telemetry}"#,
-            telemetry = self.otlp_endpoint.as_ref().map_or(String::new(), |url| format!(
-                "\n[telemetry]\notlp_endpoint = \"{url}\"\n"
-            )),
+            telemetry = self
+                .otlp_endpoint
+                .as_ref()
+                .map_or(String::new(), |url| format!(
+                    "\n[telemetry]\notlp_endpoint = \"{url}\"\n"
+                )),
             storage = self.storage,
             backend = self.backend,
             prefix = self.redis_prefix,

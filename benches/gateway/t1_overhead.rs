@@ -200,86 +200,6 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     ])
 }
 
-/// Table 1d: idem with traces off (its default) against on.
-fn tracing_cost(d: &Measured, i: &Measured, t: &Measured, exported: u64) -> Table {
-    let mut table = Table::new(
-        "1d. Proxy overhead with traces on (OTLP/HTTP to a collector)",
-        &[
-            "figure",
-            "traces off",
-            "traces on",
-            "on vs off",
-            "target",
-            "result",
-        ],
-    );
-    table.row([
-        format!("(a) throughput, {CONNS} connections, req/s (x direct)"),
-        format!(
-            "{} ({})",
-            per_sec(i.a.rate()),
-            ratio(i.a.rate(), d.a.rate())
-        ),
-        format!(
-            "{} ({})",
-            per_sec(t.a.rate()),
-            ratio(t.a.rate(), d.a.rate())
-        ),
-        ratio(t.a.rate(), i.a.rate()),
-        "-".into(),
-        String::new(),
-    ]);
-    table.row([
-        "(a) CPU per request of the idem process, us".into(),
-        format!("{:.1}", i.cpu_us()),
-        format!("{:.1}", t.cpu_us()),
-        format!("{:+.1}", t.cpu_us() - i.cpu_us()),
-        "-".into(),
-        String::new(),
-    ]);
-    let (added_i, added_t) = (i.b.ms(0.99) - d.b.ms(0.99), t.b.ms(0.99) - d.b.ms(0.99));
-    table.row([
-        format!(
-            "(b) added p99 over direct at {} req/s, ms",
-            int(RATE.into())
-        ),
-        plus_ms(added_i),
-        plus_ms(added_t),
-        plus_ms(added_t - added_i),
-        "-".into(),
-        String::new(),
-    ]);
-    table.row([
-        "(b) added p99 per round: median (min .. max)".into(),
-        spread(&paired(&d.p99s, &i.p99s)),
-        spread(&paired(&d.p99s, &t.p99s)),
-        String::new(),
-        "-".into(),
-        String::new(),
-    ]);
-    table.row([
-        "answers not 2xx (all runs)".into(),
-        int(i.failed()),
-        int(t.failed()),
-        String::new(),
-        "0".into(),
-        verdict(t.failed() == 0),
-    ]);
-    table.row([
-        "bytes of spans the collector received".into(),
-        "-".into(),
-        int(exported),
-        String::new(),
-        "> 0".into(),
-        verdict(exported > 0),
-    ]);
-    table.note(
-        "the same rounds as table 1, a fourth side in each: idem exporting a span per request,          its cache lookup and its provider call to a collector in the bench's process",
-    );
-    first_errors(&mut table, &[("traces on", t)]);
-    table
-}
-
 /// Table 1: the mock directly against idem in front of it.
 fn overhead(
     d: &Measured,
@@ -409,71 +329,12 @@ fn overhead(
 /// Table 1c: idem with an OpenAI target against idem with an Anthropic
 /// one, on the same mock: what translating each request and answer costs.
 fn translation(d: &Measured, i: &Measured, c: &Measured) -> Table {
-    let mut t = Table::new(
+    let mut t = beside(
         "1c. Proxy overhead with an Anthropic target (translation both ways)",
-        &[
-            "figure",
-            "OpenAI target",
-            "Anthropic target",
-            "Anthropic vs OpenAI",
-            "target",
-            "result",
-        ],
+        ["OpenAI target", "Anthropic target", "Anthropic vs OpenAI"],
+        (d, i, c),
+        true,
     );
-    t.row([
-        format!("(a) throughput, {CONNS} connections, req/s (x direct)"),
-        format!(
-            "{} ({})",
-            per_sec(i.a.rate()),
-            ratio(i.a.rate(), d.a.rate())
-        ),
-        format!(
-            "{} ({})",
-            per_sec(c.a.rate()),
-            ratio(c.a.rate(), d.a.rate())
-        ),
-        ratio(c.a.rate(), i.a.rate()),
-        "-".into(),
-        String::new(),
-    ]);
-    t.row([
-        "(a) CPU per request of the idem process, us".into(),
-        format!("{:.1}", i.cpu_us()),
-        format!("{:.1}", c.cpu_us()),
-        format!("{:+.1}", c.cpu_us() - i.cpu_us()),
-        "-".into(),
-        String::new(),
-    ]);
-    let (added_i, added_c) = (i.b.ms(0.99) - d.b.ms(0.99), c.b.ms(0.99) - d.b.ms(0.99));
-    let pairs = paired(&d.p99s, &c.p99s);
-    let noisy = too_spread(&pairs, ADDED_P99_MS);
-    t.row([
-        format!(
-            "(b) added p99 over direct at {} req/s, ms",
-            int(RATE.into())
-        ),
-        plus_ms(added_i),
-        plus_ms(added_c),
-        plus_ms(added_c - added_i),
-        format!("added < {ADDED_P99_MS} ms"),
-        verdict_noisy(added_c < ADDED_P99_MS, noisy),
-    ]);
-    t.row([
-        "(b) added p99 per round: median (min .. max)".into(),
-        spread(&paired(&d.p99s, &i.p99s)),
-        spread(&pairs),
-        String::new(),
-        "-".into(),
-        String::new(),
-    ]);
-    t.row([
-        "answers not 2xx (all runs)".into(),
-        int(i.failed()),
-        int(c.failed()),
-        String::new(),
-        "0".into(),
-        verdict(c.failed() == 0),
-    ]);
     t.row([
         "upstream calls / requests".into(),
         format!("{} / {}", int(i.calls), int(i.requests())),
@@ -486,10 +347,112 @@ fn translation(d: &Measured, i: &Measured, c: &Measured) -> Table {
         "the same rounds as table 1, a third side in each: idem in front of the mock's Anthropic \
          face (POST /v1/messages), clients still speaking chat completions",
     );
+    first_errors(&mut t, &[("Anthropic target", c)]);
+    t
+}
+
+/// Table 1d: idem with traces off (its default) against on.
+fn tracing_cost(d: &Measured, i: &Measured, t: &Measured, exported: u64) -> Table {
+    let mut table = beside(
+        "1d. Proxy overhead with traces on (OTLP/HTTP to a collector)",
+        ["traces off", "traces on", "on vs off"],
+        (d, i, t),
+        false,
+    );
+    table.row([
+        "bytes of spans the collector received".into(),
+        "-".into(),
+        int(exported),
+        String::new(),
+        "> 0".into(),
+        verdict(exported > 0),
+    ]);
+    table.note(
+        "the same rounds as table 1, a fourth side in each: idem exporting a span per request, \
+         its cache lookup and its provider call to a collector in the bench's process",
+    );
+    first_errors(&mut table, &[("traces on", t)]);
+    table
+}
+
+/// A side `x` beside idem's own (`i`), both against the mock directly
+/// (`d`): throughput, CPU per request, added p99 (held to the target when
+/// `p99_target`), and answers that were no 2xx.
+fn beside(
+    title: &str,
+    [label_i, label_x, versus]: [&str; 3],
+    (d, i, x): (&Measured, &Measured, &Measured),
+    p99_target: bool,
+) -> Table {
+    let mut t = Table::new(
+        title,
+        &["figure", label_i, label_x, versus, "target", "result"],
+    );
+    t.row([
+        format!("(a) throughput, {CONNS} connections, req/s (x direct)"),
+        format!(
+            "{} ({})",
+            per_sec(i.a.rate()),
+            ratio(i.a.rate(), d.a.rate())
+        ),
+        format!(
+            "{} ({})",
+            per_sec(x.a.rate()),
+            ratio(x.a.rate(), d.a.rate())
+        ),
+        ratio(x.a.rate(), i.a.rate()),
+        "-".into(),
+        String::new(),
+    ]);
+    t.row([
+        "(a) CPU per request of the idem process, us".into(),
+        format!("{:.1}", i.cpu_us()),
+        format!("{:.1}", x.cpu_us()),
+        format!("{:+.1}", x.cpu_us() - i.cpu_us()),
+        "-".into(),
+        String::new(),
+    ]);
+    let (added_i, added_x) = (i.b.ms(0.99) - d.b.ms(0.99), x.b.ms(0.99) - d.b.ms(0.99));
+    let pairs = paired(&d.p99s, &x.p99s);
+    let noisy = p99_target && too_spread(&pairs, ADDED_P99_MS);
+    let (target, result) = if p99_target {
+        (
+            format!("added < {ADDED_P99_MS} ms"),
+            verdict_noisy(added_x < ADDED_P99_MS, noisy),
+        )
+    } else {
+        ("-".into(), String::new())
+    };
+    t.row([
+        format!(
+            "(b) added p99 over direct at {} req/s, ms",
+            int(RATE.into())
+        ),
+        plus_ms(added_i),
+        plus_ms(added_x),
+        plus_ms(added_x - added_i),
+        target,
+        result,
+    ]);
+    t.row([
+        "(b) added p99 per round: median (min .. max)".into(),
+        spread(&paired(&d.p99s, &i.p99s)),
+        spread(&pairs),
+        String::new(),
+        "-".into(),
+        String::new(),
+    ]);
+    t.row([
+        "answers not 2xx (all runs)".into(),
+        int(i.failed()),
+        int(x.failed()),
+        String::new(),
+        "0".into(),
+        verdict(x.failed() == 0),
+    ]);
     if noisy {
         t.note(NOISY_NOTE);
     }
-    first_errors(&mut t, &[("Anthropic target", c)]);
     t
 }
 

@@ -196,14 +196,7 @@ async fn admit(
         // Boxed: the job path's state would otherwise enlarge every chat
         // request's future, coalesced followers' included.
         let job = Box::pin(super::jobs::chat(
-            &app,
-            &tenant,
-            &route,
-            req,
-            fp,
-            key,
-            started,
-            trace,
+            &app, &tenant, &route, req, fp, key, started, trace,
         ));
         return match job.await {
             Ok(resp) => Ok(Admitted::Answered(resp)),
