@@ -1415,11 +1415,6 @@ async fn certifications_latest_per_target(s: Arc<dyn Store>) {
 }
 
 // ---------------------------------------------------------------------------
-// Backend-specific
-// ---------------------------------------------------------------------------
-
-/// Several replicas starting together migrate the same database at once.
-// ---------------------------------------------------------------------------
 // Batches: the executor claims, starts and completes many jobs at a time
 // ---------------------------------------------------------------------------
 
@@ -1626,8 +1621,8 @@ async fn complete_all_batch_each_as_if_alone(s: Arc<dyn Store>) {
         other => panic!("a's first attempt should win: {other:?}"),
     }
     assert!(matches!(&out[1], Completion::Won(j) if j.id == b.id));
-    for i in 2..batch.len() {
-        assert_eq!(out[i], Completion::Lost, "entry {i}");
+    for (i, o) in out.iter().enumerate().skip(2) {
+        assert_eq!(*o, Completion::Lost, "entry {i}");
     }
     let state = |v: &[AttemptRecord], n: i32| v.iter().find(|x| x.n == n).map(|x| x.state);
     let aa = s.attempts(&a.id).await.unwrap();
@@ -1726,6 +1721,11 @@ async fn complete_all_concurrent_one_winner_per_job(s: Arc<dyn Store>) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Backend-specific
+// ---------------------------------------------------------------------------
+
+/// Several replicas starting together migrate the same database at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_concurrent_migrations() {
     const REPLICAS: usize = 4;
