@@ -3,7 +3,10 @@
 //! chat completions through the same gateway: once on an API replica that
 //! only creates jobs (`jobs.workers = 0`), once with idem's defaults, where
 //! the jobs also run (against the mock, latency 0) while they are being
-//! created.
+//! created. Then the executor's throughput: a burst of 10,000 jobs created
+//! at once and drained (from the first creation to the last completion),
+//! and jobs against a provider that takes 500 ms, where throughput is
+//! bounded by `jobs.workers` / latency.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,10 +14,21 @@ use std::time::{Duration, Instant};
 use crate::Settings;
 use crate::http::Endpoint;
 use crate::load::{self, Run};
+use anyhow::Context;
+
 use crate::procs::{Gateway, GatewaySpec, KEY, Mock, Workdir, pg_schema};
 use crate::report::{Table, int, ms, per_sec, ratio, verdict};
 
 const CONNS: usize = 32;
+/// The burst: jobs created at once, then drained.
+const BURST: u64 = 10_000;
+/// The burst's target: jobs/s from the first creation to the last
+/// completion, on either store.
+const DRAIN_TARGET: f64 = 2_000.0;
+/// The slow provider's latency.
+const SLOW_MS: u64 = 500;
+/// Creation while the workers run, against the API replica's.
+const CREATE_RATIO_TARGET: f64 = 0.6;
 
 pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
     let secs = Duration::from_secs_f64(s.pick(1.0, 4.0));
@@ -36,6 +50,9 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
         ],
     );
     for (storage, target) in [("SQLite", 2_000.0), ("PostgreSQL", 3_000.0)] {
+        // Creations/s of the API replica (distinct, repeated), for the
+        // default gateway's ratio.
+        let mut api_rates: Option<(f64, f64)> = None;
         // Two gateways per storage, one after the other, each on its own
         // database: an API replica that only creates jobs (`jobs.workers =
         // 0`, workers run elsewhere), then idem's default, whose 16 workers
@@ -117,6 +134,28 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
             t.row(row("chat completions, no key (baseline)", &baseline, None));
             t.row(row("jobs, distinct keys", &distinct, Some(target)));
             t.row(row("jobs, 50 % repeated keys", &repeated, Some(target)));
+            match (workers, api_rates) {
+                (Some(_), _) => api_rates = Some((distinct.rate(), repeated.rate())),
+                (None, Some((api_distinct, api_repeated))) => {
+                    for (what, r, api) in [
+                        ("distinct", &distinct, api_distinct),
+                        ("repeated", &repeated, api_repeated),
+                    ] {
+                        let share = if api > 0.0 { r.rate() / api } else { 0.0 };
+                        t.row([
+                            format!("{label}: jobs, {what} keys, against the API replica"),
+                            per_sec(r.rate()),
+                            format!("{share:.2} x"),
+                            String::new(),
+                            String::new(),
+                            format!("API replica {}", per_sec(api)),
+                            format!(">= {CREATE_RATIO_TARGET} x"),
+                            verdict(share >= CREATE_RATIO_TARGET),
+                        ]);
+                    }
+                }
+                (None, None) => {}
+            }
             if workers.is_none()
                 && let Some(rate) = finished
             {
@@ -152,6 +191,8 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
             }
         }
     }
+    burst(&s, &dir, &mock, &mut t).await?;
+    slow(&s, &dir, &mut t).await?;
     t.note(format!(
         "{} s per workload; repeated keys: every key is sent twice in a row with the same payload \
          (the twin often races it on another connection); 201 = new job, 200 = replay",
@@ -167,6 +208,213 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
          fresh schema), 16 storage connections",
     );
     Ok(t)
+}
+
+/// A storage URL for a gateway named `name`: a fresh SQLite file in `dir`
+/// or a fresh PostgreSQL schema.
+async fn storage_url(storage: &str, dir: &Workdir, name: &str) -> anyhow::Result<String> {
+    if storage == "PostgreSQL" {
+        pg_schema().await
+    } else {
+        Ok(format!(
+            "sqlite://{}",
+            dir.file(&format!("{name}.db")).display()
+        ))
+    }
+}
+
+/// The latest `updated_at` of the jobs in `url`'s database (milliseconds
+/// since the epoch): when the last one reached its final state.
+async fn last_update(url: &str) -> anyhow::Result<i64> {
+    let row: (Option<i64>,) = if url.starts_with("sqlite:") {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await?;
+        let row = sqlx::query_as("SELECT MAX(updated_at) FROM jobs")
+            .fetch_one(&pool)
+            .await?;
+        pool.close().await;
+        row
+    } else {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await?;
+        let row = sqlx::query_as("SELECT MAX(updated_at) FROM jobs")
+            .fetch_one(&pool)
+            .await?;
+        pool.close().await;
+        row
+    };
+    row.0.context("no jobs")
+}
+
+fn epoch_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Jobs by state from `/v1/stats`: (finished, succeeded, all).
+async fn finished(gateway: &Gateway) -> Option<(u64, u64, u64)> {
+    let stats = gateway.stats().await.ok()?;
+    let jobs = stats["jobs"].as_object()?;
+    let n = |k: &str| jobs.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let done = n("succeeded") + n("failed") + n("cancelled");
+    let all = jobs.values().filter_map(|v| v.as_u64()).sum();
+    Some((done, n("succeeded"), all))
+}
+
+/// Creates `total` jobs at once (32 connections, distinct keys) and waits
+/// until every job is finished: (creation, time to drain from the first
+/// creation to the last completion, jobs succeeded).
+async fn drain(
+    gateway: &Gateway,
+    url: &str,
+    total: u64,
+    limit: Duration,
+) -> anyhow::Result<(Run, Duration, u64)> {
+    let endpoint = Endpoint::new(gateway.addr, Some(KEY));
+    let start = epoch_ms();
+    let created =
+        load::closed_count(gateway.addr, CONNS, total, load::jobs(&endpoint, false)).await?;
+    let deadline = Instant::now() + limit;
+    let succeeded = loop {
+        match finished(gateway).await {
+            Some((done, ok, all)) if done >= all => break ok,
+            _ if Instant::now() > deadline => anyhow::bail!("not drained within {limit:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let last = last_update(url).await?;
+    let took = Duration::from_millis(u64::try_from(last.saturating_sub(start)).unwrap_or(0));
+    Ok((created, took, succeeded))
+}
+
+/// The burst: 10,000 jobs created at once against the mock (latency 0),
+/// default workers, drained on each store.
+async fn burst(s: &Settings, dir: &Workdir, mock: &Mock, t: &mut Table) -> anyhow::Result<()> {
+    let total = s.pick(2_000, BURST);
+    for storage in ["SQLite", "PostgreSQL"] {
+        let label = format!("{storage}, jobs.workers = 16: burst of {} jobs", int(total));
+        let name = format!("idem-{}-burst", storage.to_lowercase());
+        let mut spec = GatewaySpec::new(mock, dir);
+        spec.storage = match storage_url(storage, dir, &name).await {
+            Ok(url) => url,
+            Err(e) => {
+                t.na(&label, &format!("{e:#}"));
+                continue;
+            }
+        };
+        let gateway = match Gateway::start(dir, &name, &spec).await {
+            Ok(g) => g,
+            Err(e) => {
+                t.na(&label, &format!("{e:#}"));
+                continue;
+            }
+        };
+        let (created, took, succeeded) =
+            match drain(&gateway, &spec.storage, total, Duration::from_secs(300)).await {
+                Ok(r) => r,
+                Err(e) => {
+                    t.na(&label, &format!("{e:#}"));
+                    continue;
+                }
+            };
+        let rate = total as f64 / took.as_secs_f64().max(1e-3);
+        t.row([
+            format!("{label}, drained"),
+            per_sec(rate),
+            String::new(),
+            String::new(),
+            String::new(),
+            format!(
+                "{} succeeded in {:.2} s (created in {:.2} s, {})",
+                int(succeeded),
+                took.as_secs_f64(),
+                created.elapsed.as_secs_f64(),
+                per_sec(created.rate()),
+            ),
+            format!(">= {}/s", int(DRAIN_TARGET as u64)),
+            verdict(rate >= DRAIN_TARGET && succeeded == total && created.failed() == 0),
+        ]);
+        if let Some(e) = &created.first_error {
+            t.note(format!("{label}: first error: {e}"));
+        }
+    }
+    t.note(
+        "burst: the jobs are created at once from 32 connections (distinct keys) on a fresh \
+         gateway and database, mock latency 0; drained = every job finished, timed from the \
+         first creation to the last job's final `updated_at`",
+    );
+    Ok(())
+}
+
+/// Jobs against a provider that answers in 500 ms: 16 and 256 workers, on
+/// each store; jobs/s against `workers` / latency.
+async fn slow(s: &Settings, dir: &Workdir, t: &mut Table) -> anyhow::Result<()> {
+    let latency = SLOW_MS.to_string();
+    let mock = Mock::start(dir, "mock-slow", &["--latency-ms", &latency]).await?;
+    for storage in ["SQLite", "PostgreSQL"] {
+        for workers in [16usize, 256] {
+            // About eight seconds of work at the expected rate.
+            let total = (workers as u64) * s.pick(4, 16);
+            let expected = workers as f64 * 1000.0 / SLOW_MS as f64;
+            let label = format!(
+                "{storage}, jobs.workers = {workers}: {} jobs, latency {SLOW_MS} ms",
+                int(total)
+            );
+            let name = format!("idem-{}-slow-{workers}", storage.to_lowercase());
+            let mut spec = GatewaySpec::new(&mock, dir);
+            spec.job_workers = Some(workers);
+            spec.storage = match storage_url(storage, dir, &name).await {
+                Ok(url) => url,
+                Err(e) => {
+                    t.na(&label, &format!("{e:#}"));
+                    continue;
+                }
+            };
+            let gateway = match Gateway::start(dir, &name, &spec).await {
+                Ok(g) => g,
+                Err(e) => {
+                    t.na(&label, &format!("{e:#}"));
+                    continue;
+                }
+            };
+            let limit = Duration::from_secs_f64(total as f64 / expected * 4.0 + 60.0);
+            let (_, took, succeeded) = match drain(&gateway, &spec.storage, total, limit).await {
+                Ok(r) => r,
+                Err(e) => {
+                    t.na(&label, &format!("{e:#}"));
+                    continue;
+                }
+            };
+            let rate = total as f64 / took.as_secs_f64().max(1e-3);
+            t.row([
+                label,
+                per_sec(rate),
+                format!("{:.2} x", rate / expected),
+                String::new(),
+                String::new(),
+                format!(
+                    "{} succeeded in {:.2} s; workers / latency = {}",
+                    int(succeeded),
+                    took.as_secs_f64(),
+                    per_sec(expected)
+                ),
+                ">= 0.8 x".into(),
+                verdict(rate >= 0.8 * expected && succeeded == total),
+            ]);
+        }
+    }
+    t.note(format!(
+        "latency {SLOW_MS} ms: the mock answers every call after {SLOW_MS} ms; a job holds a \
+         worker for its call, so jobs/s is bounded by jobs.workers / latency (the \
+         `vs baseline` column is against that bound)"
+    ));
+    Ok(())
 }
 
 /// Jobs in state `succeeded`, from `/v1/stats`.

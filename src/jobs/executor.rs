@@ -1,16 +1,24 @@
-//! The executor: workers that claim queued jobs and run their attempts.
+//! The executor: claims queued jobs and runs their attempts.
 //!
-//! A worker claims one job at a time (the store hands each queued job to
-//! exactly one claimer), then makes attempts until one completes the job,
-//! the job's budget runs out, or an attempt ends `unknown`, which holds the
-//! job (a timeout is never a failure). The budget is `attempts.max` (plus
-//! one per manual retry) over the job's whole life: it counts the attempt
-//! rows in the store (hedges aside), so a job that comes back to the queue
-//! (an unknown attempt auto-resolved, an expired claim, a late failure)
-//! continues its count instead of starting a new one. Each attempt goes
-//! through the coalescing layer on one target, so two jobs with the same
-//! payload still make one upstream call (a retry on a target the job
-//! already tried makes its own).
+//! One dispatcher per replica claims queued jobs in batches (the store
+//! hands each queued job to exactly one claimer), as many as there are
+//! free slots of `jobs.workers`, and starts their first attempts in one
+//! transaction for the batch; each job then runs as its own task, holding
+//! its slot (a semaphore permit, not a database connection) until it is
+//! done. It makes attempts until one completes the job, the job's budget
+//! runs out, or an attempt ends `unknown`, which holds the job (a timeout
+//! is never a failure). Completions are written in groups, one transaction
+//! for those that arrive together (each still a compare-and-swap of its
+//! own). A job created on this replica wakes the dispatcher at once; jobs
+//! created elsewhere are found by a poll every `jobs.poll_interval`.
+//!
+//! The budget is `attempts.max` (plus one per manual retry) over the job's
+//! whole life: it counts the attempt rows in the store (hedges aside), so a
+//! job that comes back to the queue (an unknown attempt auto-resolved, an
+//! expired claim, a late failure) continues its count instead of starting
+//! a new one. Each attempt goes through the coalescing layer on one target,
+//! so two jobs with the same payload still make one upstream call (a retry
+//! on a target the job already tried makes its own).
 //!
 //! An attempt past `attempts.timeout` is `unknown`, but its upstream call
 //! goes on (the provider's own timeout does not cut it) until
@@ -27,12 +35,13 @@
 //! and hedges go only to targets certified for its current hash, and never
 //! to a target whose circuit is open.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde_json::{Map, Value};
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -44,7 +53,10 @@ use crate::fingerprint::Fingerprint;
 use crate::flight::{FlightError, RequestBody, Source};
 use crate::jobs::Env;
 use crate::routes::Route;
-use crate::store::{AttemptRecord, AttemptState, Completion, JobRecord, StartAttempt, now_ms};
+use crate::store::{
+    AttemptRecord, AttemptResult, AttemptState, Completion, JobRecord, NewAttempt, StartAttempt,
+    Store, StoreError, now_ms,
+};
 use crate::task::{AttemptRules, CachePolicy, Count, Finish, Task};
 use crate::telemetry::{Attribute, EndOnDrop, attr};
 
@@ -74,40 +86,205 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Starts this replica's workers.
+/// Most jobs one claim takes (and first attempts one transaction starts).
+const MAX_CLAIM: usize = 128;
+
+/// Most completions one transaction writes.
+const MAX_COMPLETIONS: usize = 256;
+
+/// Starts this replica's executor: a dispatcher that runs up to
+/// `jobs.workers` jobs at once (none on an API-only replica), and the
+/// writer of their completions.
 pub fn spawn(app: &Env, shutdown: &CancellationToken, tracker: &TaskTracker) {
-    for _ in 0..app.live().config.jobs.workers {
-        tracker.spawn(worker(app.clone(), shutdown.clone()));
+    let workers = app.live().config.jobs.workers;
+    if workers == 0 {
+        return;
     }
+    let completer = Completer::start(app.jobs().store.clone(), shutdown, tracker);
+    tracker.spawn(dispatch(
+        app.clone(),
+        shutdown.clone(),
+        tracker.clone(),
+        completer,
+        workers,
+    ));
 }
 
-async fn worker(app: Env, shutdown: CancellationToken) {
-    let cfg = app.live().config.jobs.clone();
+/// Claims queued jobs while slots are free and starts a task per job.
+async fn dispatch(
+    app: Env,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    completer: Completer,
+    workers: usize,
+) {
+    let slots = Arc::new(Semaphore::new(workers));
     loop {
-        while !shutdown.is_cancelled() {
-            let now = now_ms();
-            let claimed = app
-                .jobs()
-                .store
-                .claim_jobs(&app.jobs().worker_id, now, now + ms(cfg.claim_lease), 1)
-                .await;
-            match claimed {
-                Ok(jobs) => match jobs.into_iter().next() {
-                    Some(job) => run_job(&app, job).await,
-                    None => break,
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot claim jobs");
-                    break;
-                }
+        let first = tokio::select! {
+            () = shutdown.cancelled() => return,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        // Jobs that finished together hand their slots back together: let
+        // them, so that one claim fills all of them.
+        tokio::task::yield_now().await;
+        let mut permits = vec![first];
+        while permits.len() < MAX_CLAIM {
+            match slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
             }
+        }
+        let asked = permits.len();
+        let claimed = match claim(&app, asked).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot claim jobs");
+                Vec::new()
+            }
+        };
+        let more = claimed.len() == asked;
+        for (job, permit) in claimed.into_iter().zip(permits.drain(..)) {
+            let (app, completer) = (app.clone(), completer.clone());
+            tracker.spawn(run_job_in(app, job, completer, permit));
+        }
+        drop(permits);
+        if more {
+            // The queue may hold more: claim again once a slot is free.
+            continue;
         }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = app.jobs().woken() => {}
-            () = tokio::time::sleep(cfg.poll_interval) => {}
+            () = tokio::time::sleep(app.live().config.jobs.poll_interval) => {}
         }
     }
+}
+
+async fn run_job_in(app: Env, job: Claimed, completer: Completer, slot: OwnedSemaphorePermit) {
+    run_job(&app, job, &completer).await;
+    drop(slot);
+}
+
+/// What a job needs to run: its route, its request and fingerprint.
+struct Prepared {
+    route: Arc<Route>,
+    request: Arc<Map<String, Value>>,
+    fp: Fingerprint,
+}
+
+/// The route and the stored request of a job, or why it cannot run.
+fn prepare(app: &Env, job: &JobRecord) -> Result<Prepared, String> {
+    let Some(route) = app.live().route(&job.route) else {
+        return Err(format!("route {} is no longer configured", job.route));
+    };
+    let (Ok(Value::Object(request)), Ok(fp)) = (
+        serde_json::from_str::<Value>(&job.request),
+        job.fingerprint.parse::<Fingerprint>(),
+    ) else {
+        return Err("the stored request cannot be read".into());
+    };
+    Ok(Prepared {
+        route,
+        request: Arc::new(request),
+        fp,
+    })
+}
+
+/// A job the dispatcher claimed, with what it learnt of it meanwhile.
+struct Claimed {
+    job: JobRecord,
+    prepared: Result<Prepared, String>,
+    /// The job's attempts before this run (None: not read).
+    earlier: Option<Vec<AttemptRecord>>,
+    /// The first attempt of this run, started with the claim's batch, and
+    /// its target.
+    first: Option<(StartAttempt, usize)>,
+}
+
+/// Claims up to `limit` queued jobs (one statement), reads their earlier
+/// attempts (one query) and starts the first attempt of each that may make
+/// one (one transaction for the batch).
+async fn claim(app: &Env, limit: usize) -> Result<Vec<Claimed>, StoreError> {
+    let cfg = &app.live().config.jobs;
+    let (store, worker) = (&app.jobs().store, &app.jobs().worker_id);
+    let now = now_ms();
+    let limit = u32::try_from(limit).unwrap_or(u32::MAX);
+    let jobs = store
+        .claim_jobs(worker, now, now + ms(cfg.claim_lease), limit)
+        .await?;
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+    let mut earlier: Option<HashMap<String, Vec<AttemptRecord>>> =
+        match store.attempts_of(&ids).await {
+            Ok(list) => {
+                let mut by_job: HashMap<String, Vec<AttemptRecord>> = HashMap::new();
+                for a in list {
+                    by_job.entry(a.job_id.clone()).or_default().push(a);
+                }
+                Some(by_job)
+            }
+            // The jobs run anyway, each reading its own attempts.
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the claimed jobs' attempts");
+                None
+            }
+        };
+    let mut claimed = Vec::with_capacity(jobs.len());
+    let mut starts = Vec::new();
+    let mut targets = Vec::new();
+    for job in jobs {
+        let before = earlier
+            .as_mut()
+            .map(|e| e.remove(&job.id).unwrap_or_default());
+        let prepared = prepare(app, &job);
+        // The first attempt of the run, if the job may make one: the same
+        // choice its run would make (budget, then the target walk).
+        if let (Ok(p), Some(before)) = (&prepared, &before) {
+            let used = budgeted(before);
+            if used < attempt_budget(&p.route.config.attempts, &job)
+                && !before.iter().any(|a| a.state.is_active())
+                && let Ok(target) = failover::Walk::attempt(&p.route, used).first(app.metrics())
+                && let Some(t) = p.route.targets.get(target)
+            {
+                starts.push(NewAttempt {
+                    job_id: job.id.clone(),
+                    provider: t.provider.name.to_string(),
+                    model: t.model.to_string(),
+                    hedge: false,
+                });
+                targets.push((claimed.len(), target));
+            }
+        }
+        claimed.push(Claimed {
+            job,
+            prepared,
+            earlier: before,
+            first: None,
+        });
+    }
+    if !starts.is_empty() {
+        let now = now_ms();
+        let started = store
+            .start_attempts(&starts, worker, now, now + ms(cfg.attempt_lease))
+            .await;
+        match started {
+            Ok(started) => {
+                for ((i, target), outcome) in targets.into_iter().zip(started) {
+                    if let Some(c) = claimed.get_mut(i) {
+                        c.first = Some((outcome, target));
+                    }
+                }
+            }
+            // Nothing was started: each job tries on its own.
+            Err(e) => tracing::warn!(error = %e, "cannot start the claimed jobs' attempts"),
+        }
+    }
+    Ok(claimed)
 }
 
 /// The targets automatic attempts may use, in order, health aside. The
@@ -131,8 +308,14 @@ pub fn budgeted(attempts: &[AttemptRecord]) -> usize {
 }
 
 /// Runs one claimed job until it is completed, held, or out of attempts.
-async fn run_job(app: &Env, job: JobRecord) {
+async fn run_job(app: &Env, claimed: Claimed, completer: &Completer) {
     let store = &app.jobs().store;
+    let Claimed {
+        job,
+        prepared,
+        earlier: mut known,
+        first: mut pre,
+    } = claimed;
     let job_id = job.id.as_str();
     let fail = |reason: String| async move {
         if let Err(e) = app.jobs().store.fail_job(job_id, &reason, now_ms()).await {
@@ -140,18 +323,13 @@ async fn run_job(app: &Env, job: JobRecord) {
         }
         app.jobs().changed(job_id);
     };
-    let Some(route) = app.live().route(&job.route) else {
-        fail(format!("route {} is no longer configured", job.route)).await;
-        return;
+    let Prepared { route, request, fp } = match prepared {
+        Ok(p) => p,
+        Err(reason) => {
+            fail(reason).await;
+            return;
+        }
     };
-    let (Ok(Value::Object(request)), Ok(fp)) = (
-        serde_json::from_str::<Value>(&job.request),
-        job.fingerprint.parse::<Fingerprint>(),
-    ) else {
-        fail("the stored request cannot be read".into()).await;
-        return;
-    };
-    let request = Arc::new(request);
 
     // Keep the claim while this worker runs the job.
     let _claim = {
@@ -181,13 +359,16 @@ async fn run_job(app: &Env, job: JobRecord) {
     let made = loop {
         // The budget counts the job's attempt rows, whichever run (or
         // replica) made them.
-        let earlier = match store.attempts(&job.id).await {
-            Ok(attempts) => attempts,
-            Err(e) => {
-                // The claim lapses and the reconciler requeues the job.
-                tracing::error!(job = %job.id, error = %e, "cannot count the job's attempts");
-                return;
-            }
+        let earlier = match known.take() {
+            Some(attempts) => attempts,
+            None => match store.attempts(&job.id).await {
+                Ok(attempts) => attempts,
+                Err(e) => {
+                    // The claim lapses and the reconciler requeues the job.
+                    tracing::error!(job = %job.id, error = %e, "cannot count the job's attempts");
+                    return;
+                }
+            },
         };
         // A run that starts with its budget spent (by earlier runs)
         // reports the last of those attempts.
@@ -203,8 +384,15 @@ async fn run_job(app: &Env, job: JobRecord) {
         if let Some(pause) = pause.take() {
             tokio::time::sleep(pause).await;
         }
-        let round = match failover::Walk::attempt(&route, used).first(app.metrics()) {
-            Ok(target) => {
+        // The dispatcher may have started this round's attempt already.
+        let chosen = match pre.take() {
+            Some((started, target)) => Ok((target, Some(started))),
+            None => failover::Walk::attempt(&route, used)
+                .first(app.metrics())
+                .map(|target| (target, None)),
+        };
+        let round = match chosen {
+            Ok((target, started)) => {
                 // Attempt `used` would have gone to target `used` mod n:
                 // anything skipped on the way was a refused failover.
                 let natural = used % route.targets.len().max(1);
@@ -227,8 +415,9 @@ async fn run_job(app: &Env, job: JobRecord) {
                     request: &request,
                     fp,
                     earlier: &earlier,
+                    completer,
                 };
-                round.run(target, policy.hedge_after).await
+                round.run(target, policy.hedge_after, started).await
             }
             Err(none) => {
                 tracing::warn!(job = %job.id, route = %route.name, reason = %none, "no target may take the attempt");
@@ -290,14 +479,21 @@ struct RoundCtx<'a> {
     fp: Fingerprint,
     /// The job's attempts before this round.
     earlier: &'a [AttemptRecord],
+    completer: &'a Completer,
 }
 
 impl RoundCtx<'_> {
     /// One attempt, plus a hedge if the first is still in flight after
     /// `hedge_after`.
-    async fn run(&self, target: usize, hedge_after: Option<Duration>) -> Round {
+    /// `started`: the first attempt's row, if the dispatcher wrote it.
+    async fn run(
+        &self,
+        target: usize,
+        hedge_after: Option<Duration>,
+        started: Option<StartAttempt>,
+    ) -> Round {
         let (app, job, route) = (self.app, self.job, self.route);
-        let first = match self.start(target, false).await {
+        let first = match self.start(target, false, started).await {
             Ok(rx) => rx,
             Err(round) => return round,
         };
@@ -322,7 +518,7 @@ impl RoundCtx<'_> {
             }
         };
         tracing::info!(job = %job.id, route = %route.name, "first attempt still in flight: hedging");
-        let second = match self.start(hedge_target, true).await {
+        let second = match self.start(hedge_target, true, None).await {
             Ok(rx) => rx,
             // Could not hedge (job closed meanwhile): wait for the first.
             Err(_) => return round_of(&[first.await.ok()]),
@@ -341,33 +537,39 @@ impl RoundCtx<'_> {
         round_of(&[end, end2])
     }
 
-    /// Writes the attempt row, then runs the attempt in its own task (it
-    /// may outlive the round: a hedge's loser finishes and is discarded, an
-    /// unknown attempt keeps listening for a late answer).
+    /// Writes the attempt row (unless `started` is the row already
+    /// written), then runs the attempt in its own task (it may outlive the
+    /// round: a hedge's loser finishes and is discarded, an unknown attempt
+    /// keeps listening for a late answer).
     async fn start(
         &self,
         target: usize,
         hedge: bool,
+        started: Option<StartAttempt>,
     ) -> Result<oneshot::Receiver<AttemptEnd>, Round> {
         let (app, job, route) = (self.app, self.job, self.route);
         let Some(t) = route.targets.get(target) else {
             return Err(Round::Failed("no such target".into()));
         };
-        let now = now_ms();
-        let lease = app.live().config.jobs.attempt_lease;
-        let started = app
-            .jobs()
-            .store
-            .start_attempt(
-                &job.id,
-                &t.provider.name,
-                &t.model,
-                hedge,
-                &app.jobs().worker_id,
-                now,
-                now + ms(lease),
-            )
-            .await;
+        let started = match started {
+            Some(started) => Ok(started),
+            None => {
+                let now = now_ms();
+                let lease = app.live().config.jobs.attempt_lease;
+                app.jobs()
+                    .store
+                    .start_attempt(
+                        &job.id,
+                        &t.provider.name,
+                        &t.model,
+                        hedge,
+                        &app.jobs().worker_id,
+                        now,
+                        now + ms(lease),
+                    )
+                    .await
+            }
+        };
         let attempt = match started {
             Ok(StartAttempt::Started(a)) => a,
             Ok(StartAttempt::Busy) => return Err(Round::Held),
@@ -398,6 +600,7 @@ impl RoundCtx<'_> {
             target,
             share: !retry,
             attempt,
+            completer: self.completer.clone(),
         };
         tokio::spawn(ctx.run(tx));
         Ok(rx)
@@ -438,6 +641,7 @@ struct AttemptCtx {
     /// Whether the call may be shared with identical work in flight.
     share: bool,
     attempt: AttemptRecord,
+    completer: Completer,
 }
 
 impl AttemptCtx {
@@ -608,13 +812,13 @@ impl AttemptCtx {
         let Ok(plain) = answer.plain_body() else {
             return self.settle_failed("bad_upstream_answer").await;
         };
-        let result = String::from_utf8_lossy(&plain).into_owned();
-        match app
-            .jobs()
-            .store
-            .complete(&a.job_id, a.n, a.read_version, &result, now_ms())
-            .await
-        {
+        let result = AttemptResult {
+            job_id: a.job_id.clone(),
+            n: a.n,
+            read_version: a.read_version,
+            result: String::from_utf8_lossy(&plain).into_owned(),
+        };
+        match self.completer.complete(&app.jobs().store, result).await {
             Ok(Completion::Won(_)) => {
                 app.metrics().attempt(&answer.provider, "succeeded");
                 tracing::info!(job = %a.job_id, attempt = a.n, "attempt completed the job");
@@ -725,6 +929,98 @@ impl AttemptCtx {
             }
         } else if let Err(e) = store.fail_job(&a.job_id, why, now).await {
             tracing::error!(job = %a.job_id, error = %e, "cannot fail job");
+        }
+    }
+}
+
+/// What the writer of completions answers: the completion, or the store's
+/// error as text.
+type Reply = oneshot::Sender<Result<Completion, String>>;
+
+/// Hands attempts' results to the writer of completions, which commits
+/// those that arrive together in one transaction (a group commit: one
+/// database round of locks, updates and commit for many jobs, where each
+/// job used to take its own). Every completion is still the job's
+/// compare-and-swap, settled as if alone.
+#[derive(Clone)]
+struct Completer(mpsc::UnboundedSender<(AttemptResult, Reply)>);
+
+impl Completer {
+    fn start(
+        store: Arc<dyn Store>,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Completer {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tracker.spawn(write_completions(store, rx, shutdown.clone()));
+        Completer(tx)
+    }
+
+    /// Completes the job with this attempt's result (through the writer,
+    /// or directly once it has stopped).
+    async fn complete(
+        &self,
+        store: &Arc<dyn Store>,
+        r: AttemptResult,
+    ) -> Result<Completion, String> {
+        let (tx, rx) = oneshot::channel();
+        let r = match self.0.send((r, tx)) {
+            Ok(()) => match rx.await {
+                Ok(done) => return done,
+                // The writer stopped (shutdown) before taking it: nothing
+                // was written.
+                Err(_) => None,
+            },
+            Err(mpsc::error::SendError((r, _))) => Some(r),
+        };
+        let r = match r {
+            Some(r) => r,
+            None => return Err("the completion writer stopped".into()),
+        };
+        store
+            .complete(&r.job_id, r.n, r.read_version, &r.result, now_ms())
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The writer of completions: takes whatever is waiting (up to
+/// [`MAX_COMPLETIONS`]) and writes it in one transaction. A batch the store
+/// refuses is tried again one completion at a time, so that one bad entry
+/// (or a deadlock the database broke) costs no other job its result.
+async fn write_completions(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::UnboundedReceiver<(AttemptResult, Reply)>,
+    shutdown: CancellationToken,
+) {
+    let mut batch = Vec::with_capacity(MAX_COMPLETIONS);
+    loop {
+        let got = tokio::select! {
+            () = shutdown.cancelled() => return,
+            got = rx.recv_many(&mut batch, MAX_COMPLETIONS) => got,
+        };
+        if got == 0 {
+            return;
+        }
+        let (results, replies): (Vec<AttemptResult>, Vec<Reply>) = batch.drain(..).unzip();
+        match store.complete_all(&results, now_ms()).await {
+            Ok(done) if done.len() == results.len() => {
+                for (reply, d) in replies.into_iter().zip(done) {
+                    let _ = reply.send(Ok(d));
+                }
+            }
+            outcome => {
+                if let Err(e) = &outcome {
+                    tracing::warn!(error = %e, completions = results.len(), "cannot write completions together: one at a time");
+                }
+                for (reply, r) in replies.into_iter().zip(results) {
+                    let done = store
+                        .complete(&r.job_id, r.n, r.read_version, &r.result, now_ms())
+                        .await
+                        .map_err(|e| e.to_string());
+                    let _ = reply.send(done);
+                }
+            }
         }
     }
 }

@@ -250,6 +250,27 @@ pub enum Created {
     Existing(JobRecord),
 }
 
+/// An attempt to start, one of a batch (see [`Store::start_attempts`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewAttempt {
+    pub job_id: String,
+    pub provider: String,
+    pub model: String,
+    pub hedge: bool,
+}
+
+/// An attempt's result, one of a batch of completions (see
+/// [`Store::complete_all`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptResult {
+    pub job_id: String,
+    pub n: i32,
+    /// The job version the attempt read when it started.
+    pub read_version: i64,
+    /// The answer, as JSON text.
+    pub result: String,
+}
+
 /// The result of [`Store::start_attempt`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum StartAttempt {
@@ -323,6 +344,9 @@ pub trait Store: Send + Sync + 'static {
     /// The attempts of a job, by number.
     async fn attempts(&self, job_id: &str) -> Result<Vec<AttemptRecord>>;
 
+    /// The attempts of several jobs (one query), by job id and number.
+    async fn attempts_of(&self, job_ids: &[String]) -> Result<Vec<AttemptRecord>>;
+
     /// A tenant's jobs, newest first, optionally of one state, strictly
     /// after `before`.
     async fn list_jobs(
@@ -393,6 +417,19 @@ pub trait Store: Send + Sync + 'static {
         lease_until: i64,
     ) -> Result<StartAttempt>;
 
+    /// [`Store::start_attempt`] for a batch, in one transaction: each
+    /// entry is checked and started as if alone, in order (a second entry
+    /// of the same job is `Busy` unless a hedge). One result per entry, in
+    /// the same order. The job rows are locked in id order, so two batches
+    /// never wait on each other in a cycle.
+    async fn start_attempts(
+        &self,
+        batch: &[NewAttempt],
+        owner: &str,
+        now: i64,
+        lease_until: i64,
+    ) -> Result<Vec<StartAttempt>>;
+
     /// `starting` -> `running` (the provider answered with headers).
     async fn attempt_running(&self, job_id: &str, n: i32) -> Result<bool>;
 
@@ -429,6 +466,12 @@ pub trait Store: Send + Sync + 'static {
         result: &str,
         now: i64,
     ) -> Result<Completion>;
+
+    /// [`Store::complete`] for a batch, in one transaction (one commit for
+    /// many jobs): each entry is settled as if alone, in order (of two
+    /// attempts of one job in the batch, the first wins and the second is
+    /// discarded). One result per entry, in the same order.
+    async fn complete_all(&self, batch: &[AttemptResult], now: i64) -> Result<Vec<Completion>>;
 
     /// Cancels a tenant's job unless it succeeded or is already
     /// cancelled: state `cancelled`, version + 1. Returns the job as it is

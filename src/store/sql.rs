@@ -15,15 +15,17 @@
 //! lock from its start, on PostgreSQL the statement locks the row (the
 //! backends' module documentation says why each is enough).
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 
 use async_trait::async_trait;
+use serde_json::{Value, json};
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Transaction, Type};
 
 use super::rows::{self, AttemptRow, CertificationRow, JobRow};
 use super::{
-    AttemptRecord, AttemptState, Backend, Certification, Completion, Created, Cursor, JobRecord,
-    JobState, NewJob, Result, StartAttempt, Store, StoreError,
+    AttemptRecord, AttemptResult, AttemptState, Backend, Certification, Completion, Created,
+    Cursor, JobRecord, JobState, NewAttempt, NewJob, Result, StartAttempt, Store, StoreError,
 };
 
 /// What one database does differently; everything else is shared.
@@ -36,15 +38,43 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// kept from change until the transaction ends.
     const LOCK_JOB: &'static str;
 
-    /// In a write transaction, `SELECT state` of attempt `($1, $2)`, the
-    /// row kept from change until the transaction ends.
-    const LOCK_ATTEMPT: &'static str;
-
     /// [`Store::claim_jobs`] in one statement: up to `$4` queued jobs whose
     /// `not_before <= $2`, oldest first, become `running`, claimed by `$1`
     /// until `$3`, version + 1, updated at `$2`; `RETURNING` them (in any
     /// order). No two claimers may pick the same job.
     const CLAIM: &'static str;
+
+    /// In a write transaction, `SELECT id, state, version, completed_by`
+    /// of the jobs whose ids are in the JSON array `$1`, in id order, the
+    /// rows kept from change until the transaction ends.
+    const LOCK_JOBS: &'static str;
+
+    /// In a write transaction, `SELECT job_id, n, state` of every attempt
+    /// of the jobs in the JSON array `$1`, the rows kept from change until
+    /// the transaction ends.
+    const LOCK_ATTEMPTS: &'static str;
+
+    /// `SELECT job_id, active, last` per job of the JSON array `$1` that
+    /// has attempts: how many are `starting`/`running`/`unknown`, and the
+    /// highest `n`.
+    const ATTEMPT_COUNTS: &'static str;
+
+    /// `SELECT *` of the attempts of the jobs in the JSON array `$1`.
+    const ATTEMPTS_OF: &'static str;
+
+    /// Inserts the attempts of the JSON array `$1` (objects with `job_id`,
+    /// `n`, `provider`, `model`, `hedge`, `read_version`) as `starting`,
+    /// owned by `$2`, started at `$3`, leased until `$4`; `RETURNING *`.
+    const INSERT_ATTEMPTS: &'static str;
+
+    /// The compare-and-swap of [`Store::complete`] for each object of the
+    /// JSON array `$1` (`id`, `n`, `read_version`, `result`; one per job),
+    /// updated at `$2`; `RETURNING` the jobs it completed.
+    const COMPLETE_JOBS: &'static str;
+
+    /// Sets `state` and `finished_at = $2` of the attempts named in the
+    /// JSON array `$1` (objects with `job_id`, `n`, `state`).
+    const END_ATTEMPTS: &'static str;
 
     /// The pool reads use.
     fn reader(&self) -> &Pool<Self::Db>;
@@ -86,6 +116,51 @@ where
         .transpose()
 }
 
+/// A job row as [`Dialect::LOCK_JOBS`] reads it.
+struct Locked {
+    state: JobState,
+    version: i64,
+    completed_by: Option<i32>,
+}
+
+/// Locks the jobs of the JSON array `ids` with [`Dialect::LOCK_JOBS`]; the
+/// ones that exist, by id.
+async fn lock_jobs<D>(
+    conn: &mut <D::Db as Database>::Connection,
+    ids: &str,
+) -> Result<HashMap<String, Locked>>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    <D::Db as Database>::Arguments: IntoArguments<D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'r> (String, String, i64, Option<i32>): FromRow<'r, Row<D>>,
+{
+    let rows: Vec<(String, String, i64, Option<i32>)> = sqlx::query_as(D::LOCK_JOBS)
+        .bind(ids)
+        .fetch_all(conn)
+        .await?;
+    rows.into_iter()
+        .map(|(id, state, version, completed_by)| {
+            let state = rows::job_state(&id, &state)?;
+            Ok((
+                id,
+                Locked {
+                    state,
+                    version,
+                    completed_by,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The distinct job ids of a batch as a JSON array (the statements' `$1`).
+fn json_ids<'a>(ids: impl Iterator<Item = &'a str>) -> String {
+    let set: BTreeSet<&str> = ids.collect();
+    Value::from(set.into_iter().collect::<Vec<_>>()).to_string()
+}
+
 // The bounds: what the shared statements bind and read, which both sqlx
 // drivers provide.
 #[async_trait]
@@ -106,6 +181,9 @@ where
     for<'r> (String,): FromRow<'r, Row<D>>,
     for<'r> (String, i64): FromRow<'r, Row<D>>,
     for<'r> (i64, i64): FromRow<'r, Row<D>>,
+    for<'r> (String, i64, i64): FromRow<'r, Row<D>>,
+    for<'r> (String, i32, String): FromRow<'r, Row<D>>,
+    for<'r> (String, String, i64, Option<i32>): FromRow<'r, Row<D>>,
 {
     fn backend(&self) -> Backend {
         D::BACKEND
@@ -179,6 +257,20 @@ where
                 .fetch_all(self.reader())
                 .await?;
         rows::attempts(rows)
+    }
+
+    async fn attempts_of(&self, job_ids: &[String]) -> Result<Vec<AttemptRecord>> {
+        if job_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = json_ids(job_ids.iter().map(String::as_str));
+        let rows: Vec<AttemptRow> = sqlx::query_as(D::ATTEMPTS_OF)
+            .bind(ids.as_str())
+            .fetch_all(self.reader())
+            .await?;
+        let mut attempts = rows::attempts(rows)?;
+        attempts.sort_by(|a, b| (&a.job_id, a.n).cmp(&(&b.job_id, b.n)));
+        Ok(attempts)
     }
 
     async fn list_jobs(
@@ -326,44 +418,103 @@ where
         now: i64,
         lease_until: i64,
     ) -> Result<StartAttempt> {
-        let mut tx = self.begin_write().await?;
-        let Some((state, version)) = lock_job::<D>(&mut *tx, job_id).await? else {
-            return Ok(StartAttempt::Closed);
+        let one = NewAttempt {
+            job_id: job_id.to_string(),
+            provider: provider.to_string(),
+            model: model.to_string(),
+            hedge,
         };
-        if !matches!(state, JobState::Queued | JobState::Running) {
-            return Ok(StartAttempt::Closed);
+        let started = self.start_attempts(&[one], owner, now, lease_until).await?;
+        started
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Corrupt(format!("job {job_id}: no attempt outcome")))
+    }
+
+    async fn start_attempts(
+        &self,
+        batch: &[NewAttempt],
+        owner: &str,
+        now: i64,
+        lease_until: i64,
+    ) -> Result<Vec<StartAttempt>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
         }
-        let (active, last): (i64, i64) = sqlx::query_as(
-            "SELECT COUNT(*) FILTER (WHERE state IN ('starting', 'running', 'unknown')),
-                    CAST(COALESCE(MAX(n), 0) AS BIGINT)
-             FROM attempts WHERE job_id = $1",
-        )
-        .bind(job_id)
-        .fetch_one(&mut *tx)
-        .await?;
-        if active > 0 && !hedge {
-            return Ok(StartAttempt::Busy);
+        let ids = json_ids(batch.iter().map(|a| a.job_id.as_str()));
+        let mut tx = self.begin_write().await?;
+        // The job rows first: nobody starts, ends or completes an attempt
+        // of these jobs until this transaction ends, and the counts read
+        // next see everything committed before.
+        let jobs = lock_jobs::<D>(&mut *tx, &ids).await?;
+        let counts: Vec<(String, i64, i64)> = sqlx::query_as(D::ATTEMPT_COUNTS)
+            .bind(ids.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut tally: HashMap<String, (i64, i64)> = counts
+            .into_iter()
+            .map(|(id, active, last)| (id, (active, last)))
+            .collect();
+        // Each entry in order, as if alone: None is an attempt to insert.
+        let mut outcomes: Vec<Option<StartAttempt>> = Vec::with_capacity(batch.len());
+        let mut rows = Vec::new();
+        let mut keys = Vec::new();
+        for a in batch {
+            let open = jobs
+                .get(&a.job_id)
+                .filter(|j| matches!(j.state, JobState::Queued | JobState::Running));
+            let Some(job) = open else {
+                outcomes.push(Some(StartAttempt::Closed));
+                continue;
+            };
+            let (active, last) = tally.entry(a.job_id.clone()).or_insert((0, 0));
+            if *active > 0 && !a.hedge {
+                outcomes.push(Some(StartAttempt::Busy));
+                continue;
+            }
+            let n = i32::try_from(*last + 1)
+                .map_err(|_| StoreError::Corrupt(format!("job {}: too many attempts", a.job_id)))?;
+            *last += 1;
+            *active += 1;
+            rows.push(json!({
+                "job_id": a.job_id,
+                "n": n,
+                "provider": a.provider,
+                "model": a.model,
+                "hedge": a.hedge,
+                "read_version": job.version,
+            }));
+            keys.push((a.job_id.as_str(), n));
+            outcomes.push(None);
         }
-        let n = i32::try_from(last + 1)
-            .map_err(|_| StoreError::Corrupt(format!("job {job_id}: too many attempts")))?;
-        let row: AttemptRow = sqlx::query_as(
-            "INSERT INTO attempts (job_id, n, provider, model, state, hedge, read_version, owner, started_at, lease_until)
-             VALUES ($1, $2, $3, $4, 'starting', $5, $6, $7, $8, $9)
-             RETURNING *",
-        )
-        .bind(job_id)
-        .bind(n)
-        .bind(provider)
-        .bind(model)
-        .bind(hedge)
-        .bind(version)
-        .bind(owner)
-        .bind(now)
-        .bind(lease_until)
-        .fetch_one(&mut *tx)
-        .await?;
+        let mut started: HashMap<(String, i32), AttemptRecord> = HashMap::new();
+        if !rows.is_empty() {
+            let inserted: Vec<AttemptRow> = sqlx::query_as(D::INSERT_ATTEMPTS)
+                .bind(Value::from(rows).to_string().as_str())
+                .bind(owner)
+                .bind(now)
+                .bind(lease_until)
+                .fetch_all(&mut *tx)
+                .await?;
+            for a in rows::attempts(inserted)? {
+                started.insert((a.job_id.clone(), a.n), a);
+            }
+        }
         tx.commit().await?;
-        Ok(StartAttempt::Started(row.try_into()?))
+        let mut keys = keys.into_iter();
+        outcomes
+            .into_iter()
+            .map(|o| match o {
+                Some(o) => Ok(o),
+                None => keys
+                    .next()
+                    .and_then(|(id, n)| started.remove(&(id.to_string(), n)))
+                    .map(StartAttempt::Started)
+                    .ok_or_else(|| {
+                        StoreError::Corrupt("an inserted attempt was not returned".into())
+                    }),
+            })
+            .collect()
     }
 
     async fn attempt_running(&self, job_id: &str, n: i32) -> Result<bool> {
@@ -433,54 +584,101 @@ where
         result: &str,
         now: i64,
     ) -> Result<Completion> {
-        let mut tx = self.begin_write().await?;
-        if lock_job::<D>(&mut *tx, job_id).await?.is_none() {
-            return Ok(Completion::Lost);
-        }
-        let attempt: Option<(String,)> = sqlx::query_as(D::LOCK_ATTEMPT)
-            .bind(job_id)
-            .bind(n)
-            .fetch_optional(&mut *tx)
-            .await?;
-        // An attempt that no longer runs (or never existed) cannot complete
-        // the job, and its state (maybe `succeeded`) must not be overwritten.
-        match attempt {
-            Some((state,)) if rows::attempt_state(job_id, n, &state)?.is_active() => {}
-            _ => return Ok(Completion::Lost),
-        }
-        let won: Option<JobRow> = sqlx::query_as(
-            "UPDATE jobs
-             SET result = $3, completed_by = $4, version = version + 1, state = 'succeeded',
-                 claimed_by = NULL, claim_until = NULL, updated_at = $5
-             WHERE id = $1 AND version = $2 AND completed_by IS NULL
-             RETURNING *",
-        )
-        .bind(job_id)
-        .bind(read_version)
-        .bind(result)
-        .bind(n)
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let to = if won.is_some() {
-            AttemptState::Succeeded
-        } else {
-            AttemptState::Discarded
+        let one = AttemptResult {
+            job_id: job_id.to_string(),
+            n,
+            read_version,
+            result: result.to_string(),
         };
-        sqlx::query(
-            "UPDATE attempts SET state = $3, finished_at = $4 WHERE job_id = $1 AND n = $2",
-        )
-        .bind(job_id)
-        .bind(n)
-        .bind(to.as_str())
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
+        let done = self.complete_all(&[one], now).await?;
+        done.into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Corrupt(format!("job {job_id}: no completion outcome")))
+    }
+
+    async fn complete_all(&self, batch: &[AttemptResult], now: i64) -> Result<Vec<Completion>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = json_ids(batch.iter().map(|r| r.job_id.as_str()));
+        let mut tx = self.begin_write().await?;
+        // Job rows first, then their attempts (the order every
+        // transaction takes them in).
+        let jobs = lock_jobs::<D>(&mut *tx, &ids).await?;
+        let attempts: Vec<(String, i32, String)> = sqlx::query_as(D::LOCK_ATTEMPTS)
+            .bind(ids.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut active: HashSet<(String, i32)> = HashSet::new();
+        for (job_id, n, state) in attempts {
+            if rows::attempt_state(&job_id, n, &state)?.is_active() {
+                active.insert((job_id, n));
+            }
+        }
+        // Each entry in order, as if alone. An attempt that no longer runs
+        // (or never existed) cannot complete the job, and its state (maybe
+        // `succeeded`) must not be overwritten; one that runs wins if the
+        // job is still at the version it read, and is discarded otherwise.
+        let mut claimed_jobs: HashSet<&str> = HashSet::new();
+        let mut wins = Vec::new();
+        let mut ends = Vec::new();
+        // Per entry: None (left alone), Some(true) (may win), Some(false).
+        let mut verdicts: Vec<Option<bool>> = Vec::with_capacity(batch.len());
+        for r in batch {
+            let job = jobs.get(&r.job_id);
+            if job.is_none() || !active.remove(&(r.job_id.clone(), r.n)) {
+                verdicts.push(None);
+                continue;
+            }
+            let wins_cas = job
+                .is_some_and(|j| j.version == r.read_version && j.completed_by.is_none())
+                && claimed_jobs.insert(r.job_id.as_str());
+            if wins_cas {
+                wins.push(json!({
+                    "id": r.job_id,
+                    "n": r.n,
+                    "read_version": r.read_version,
+                    "result": r.result,
+                }));
+            }
+            verdicts.push(Some(wins_cas));
+        }
+        let mut won: HashMap<String, JobRecord> = HashMap::new();
+        if !wins.is_empty() {
+            // The compare-and-swap itself stays in the statement.
+            let rows: Vec<JobRow> = sqlx::query_as(D::COMPLETE_JOBS)
+                .bind(Value::from(wins).to_string().as_str())
+                .bind(now)
+                .fetch_all(&mut *tx)
+                .await?;
+            for job in rows::jobs(rows)? {
+                won.insert(job.id.clone(), job);
+            }
+        }
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (r, verdict) in batch.iter().zip(verdicts) {
+            let Some(may_win) = verdict else {
+                outcomes.push(Completion::Lost);
+                continue;
+            };
+            let job = if may_win { won.remove(&r.job_id) } else { None };
+            let to = if job.is_some() {
+                AttemptState::Succeeded
+            } else {
+                AttemptState::Discarded
+            };
+            ends.push(json!({"job_id": r.job_id, "n": r.n, "state": to.as_str()}));
+            outcomes.push(job.map_or(Completion::Lost, Completion::Won));
+        }
+        if !ends.is_empty() {
+            sqlx::query(D::END_ATTEMPTS)
+                .bind(Value::from(ends).to_string().as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
-        Ok(match rows::job(won)? {
-            Some(job) => Completion::Won(job),
-            None => Completion::Lost,
-        })
+        Ok(outcomes)
     }
 
     async fn cancel_job(&self, tenant: &str, job_id: &str, now: i64) -> Result<Option<JobRecord>> {

@@ -154,7 +154,39 @@ impl Dialect for SqliteStore {
 
     // The transaction holds the write lock already (`BEGIN IMMEDIATE`).
     const LOCK_JOB: &'static str = "SELECT state, version FROM jobs WHERE id = $1";
-    const LOCK_ATTEMPT: &'static str = "SELECT state FROM attempts WHERE job_id = $1 AND n = $2";
+    const LOCK_JOBS: &'static str = "SELECT id, state, version, completed_by FROM jobs
+         WHERE id IN (SELECT value FROM json_each($1))
+         ORDER BY id";
+    const LOCK_ATTEMPTS: &'static str = "SELECT job_id, n, state FROM attempts
+         WHERE job_id IN (SELECT value FROM json_each($1))";
+    const ATTEMPT_COUNTS: &'static str =
+        "SELECT job_id, COUNT(*) FILTER (WHERE state IN ('starting', 'running', 'unknown')),
+                CAST(MAX(n) AS BIGINT)
+         FROM attempts WHERE job_id IN (SELECT value FROM json_each($1))
+         GROUP BY job_id";
+    const ATTEMPTS_OF: &'static str =
+        "SELECT * FROM attempts WHERE job_id IN (SELECT value FROM json_each($1))";
+    const INSERT_ATTEMPTS: &'static str =
+        "INSERT INTO attempts (job_id, n, provider, model, state, hedge, read_version, owner, started_at, lease_until)
+         SELECT json_extract(value, '$.job_id'), json_extract(value, '$.n'),
+                json_extract(value, '$.provider'), json_extract(value, '$.model'), 'starting',
+                json_extract(value, '$.hedge'), json_extract(value, '$.read_version'), $2, $3, $4
+         FROM json_each($1)
+         RETURNING *";
+    const COMPLETE_JOBS: &'static str = "UPDATE jobs
+         SET result = r.result, completed_by = r.n, version = jobs.version + 1, state = 'succeeded',
+             claimed_by = NULL, claim_until = NULL, updated_at = $2
+         FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.n') AS n,
+                      json_extract(value, '$.read_version') AS read_version,
+                      json_extract(value, '$.result') AS result
+               FROM json_each($1)) AS r
+         WHERE jobs.id = r.id AND jobs.version = r.read_version AND jobs.completed_by IS NULL
+         RETURNING *";
+    const END_ATTEMPTS: &'static str = "UPDATE attempts SET state = r.state, finished_at = $2
+         FROM (SELECT json_extract(value, '$.job_id') AS job_id, json_extract(value, '$.n') AS n,
+                      json_extract(value, '$.state') AS state
+               FROM json_each($1)) AS r
+         WHERE attempts.job_id = r.job_id AND attempts.n = r.n";
 
     // One statement: it holds the write lock from the selection to the
     // update, so no other claimer can pick the same rows.

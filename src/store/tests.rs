@@ -18,8 +18,8 @@ use tokio::sync::Barrier;
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 use super::{
-    AttemptRecord, AttemptState, Backend, Certification, Completion, Created, Cursor, JobRecord,
-    JobState, NewJob, StartAttempt, Store,
+    AttemptRecord, AttemptResult, AttemptState, Backend, Certification, Completion, Created,
+    Cursor, JobRecord, JobState, NewAttempt, NewJob, StartAttempt, Store,
 };
 
 // ---------------------------------------------------------------------------
@@ -188,6 +188,10 @@ store_tests!(
     count_jobs,
     purge_old_terminal_jobs,
     certifications_latest_per_target,
+    start_attempts_batch_each_as_if_alone,
+    start_attempts_concurrent_batches,
+    complete_all_batch_each_as_if_alone,
+    complete_all_concurrent_one_winner_per_job,
 );
 
 // ---------------------------------------------------------------------------
@@ -1408,6 +1412,313 @@ async fn certifications_latest_per_target(s: Arc<dyn Store>) {
         s.certifications("other-route").await.unwrap(),
         vec![history[6].clone()]
     );
+}
+
+// ---------------------------------------------------------------------------
+// Batches: the executor claims, starts and completes many jobs at a time
+// ---------------------------------------------------------------------------
+
+fn new_attempt(job_id: &str, hedge: bool) -> NewAttempt {
+    NewAttempt {
+        job_id: job_id.to_owned(),
+        provider: "primary".to_owned(),
+        model: "gpt-4o-mini".to_owned(),
+        hedge,
+    }
+}
+
+fn result_of(a: &AttemptRecord, text: &str) -> AttemptResult {
+    AttemptResult {
+        job_id: a.job_id.clone(),
+        n: a.n,
+        read_version: a.read_version,
+        result: text.to_owned(),
+    }
+}
+
+async fn start_attempts_batch_each_as_if_alone(s: Arc<dyn Store>) {
+    let a = create(&*s, "t1", "a", T0).await;
+    let b = create(&*s, "t1", "b", T0 + 1).await;
+    let held = create(&*s, "t1", "held", T0 + 2).await;
+    let unknown = start(&*s, &held.id, false).await;
+    assert!(
+        s.finish_attempt(
+            &held.id,
+            unknown.n,
+            AttemptState::Unknown,
+            Some("timeout"),
+            T0
+        )
+        .await
+        .unwrap()
+    );
+    let closed = create(&*s, "t1", "closed", T0 + 3).await;
+    s.cancel_job("t1", &closed.id, T0).await.unwrap();
+    let batch = [
+        new_attempt(&a.id, false),
+        new_attempt(&a.id, false),
+        new_attempt(&a.id, true),
+        new_attempt(&b.id, false),
+        new_attempt(&held.id, false),
+        new_attempt(&closed.id, false),
+        new_attempt("no-such-job", false),
+    ];
+    let out = s
+        .start_attempts(&batch, "worker-a", T0 + 10, T0 + 60_000)
+        .await
+        .unwrap();
+    assert_eq!(out.len(), batch.len());
+    let started = |i: usize| match &out[i] {
+        StartAttempt::Started(x) => x.clone(),
+        other => panic!("entry {i}: expected a start, got {other:?}"),
+    };
+    let (a1, a2, b1) = (started(0), started(2), started(3));
+    assert_eq!(
+        (a1.job_id.as_str(), a1.n, a1.hedge),
+        (a.id.as_str(), 1, false)
+    );
+    assert_eq!(
+        out[1],
+        StartAttempt::Busy,
+        "a second attempt of one job waits"
+    );
+    assert_eq!((a2.n, a2.hedge), (2, true), "a hedge starts beside it");
+    assert_eq!((b1.job_id.as_str(), b1.n), (b.id.as_str(), 1));
+    assert_eq!(
+        out[4],
+        StartAttempt::Busy,
+        "an unknown attempt holds the job"
+    );
+    assert_eq!(out[5], StartAttempt::Closed);
+    assert_eq!(out[6], StartAttempt::Closed);
+    for x in [&a1, &a2, &b1] {
+        assert_eq!(x.state, AttemptState::Starting);
+        assert_eq!(x.owner.as_deref(), Some("worker-a"));
+        assert_eq!((x.started_at, x.lease_until), (T0 + 10, Some(T0 + 60_000)));
+        assert_eq!(x.read_version, 0);
+        assert_eq!(
+            (x.provider.as_str(), x.model.as_str()),
+            ("primary", "gpt-4o-mini")
+        );
+    }
+    assert_eq!(s.attempts(&a.id).await.unwrap(), vec![a1, a2]);
+    assert_eq!(s.attempts(&held.id).await.unwrap().len(), 1);
+    assert!(s.attempts(&closed.id).await.unwrap().is_empty());
+    // The batch read sees the same rows, job by job.
+    let ids = vec![b.id.clone(), a.id.clone()];
+    let mut both = s.attempts(&a.id).await.unwrap();
+    both.extend(s.attempts(&b.id).await.unwrap());
+    both.sort_by(|x, y| (&x.job_id, x.n).cmp(&(&y.job_id, y.n)));
+    assert_eq!(s.attempts_of(&ids).await.unwrap(), both);
+    assert!(s.attempts_of(&[]).await.unwrap().is_empty());
+    assert!(s.start_attempts(&[], "w", T0, T0).await.unwrap().is_empty());
+}
+
+async fn start_attempts_concurrent_batches(s: Arc<dyn Store>) {
+    const JOBS: usize = 40;
+    const STARTERS: usize = 4;
+    let mut ids = Vec::new();
+    for i in 0..JOBS {
+        ids.push(
+            create(&*s, "t1", &format!("job-{i}"), T0 + i as i64)
+                .await
+                .id,
+        );
+    }
+    let barrier = Arc::new(Barrier::new(STARTERS));
+    let tasks: Vec<_> = (0..STARTERS)
+        .map(|w| {
+            let (s, barrier) = (s.clone(), barrier.clone());
+            // Each starter its own order over every job.
+            let mut mine = ids.clone();
+            mine.rotate_left(w * JOBS / STARTERS);
+            if w % 2 == 1 {
+                mine.reverse();
+            }
+            tokio::spawn(async move {
+                let batch: Vec<NewAttempt> = mine.iter().map(|id| new_attempt(id, false)).collect();
+                barrier.wait().await;
+                let mut started = Vec::new();
+                for chunk in batch.chunks(8) {
+                    let out = s
+                        .start_attempts(chunk, &format!("worker-{w}"), T0, T0 + 60_000)
+                        .await
+                        .unwrap();
+                    for o in out {
+                        match o {
+                            StartAttempt::Started(a) => started.push(a.job_id),
+                            StartAttempt::Busy => {}
+                            StartAttempt::Closed => panic!("no job is closed"),
+                        }
+                    }
+                }
+                started
+            })
+        })
+        .collect();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        for id in t.await.unwrap() {
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), JOBS, "every job got an attempt");
+    assert!(
+        seen.values().all(|&c| c == 1),
+        "one attempt per job: {seen:?}"
+    );
+    for id in &ids {
+        let attempts = s.attempts(id).await.unwrap();
+        assert_eq!(attempts.len(), 1, "job {id}: {attempts:?}");
+        assert_eq!(attempts[0].n, 1);
+    }
+}
+
+async fn complete_all_batch_each_as_if_alone(s: Arc<dyn Store>) {
+    // Job a: its attempt and a hedge, both in the batch: the first wins.
+    let a = create(&*s, "t1", "a", T0).await;
+    let a1 = start(&*s, &a.id, false).await;
+    let a2 = start(&*s, &a.id, true).await;
+    // Job b: one attempt, completes.
+    let b = create(&*s, "t1", "b", T0 + 1).await;
+    let b1 = start(&*s, &b.id, false).await;
+    // Job c: its attempt already failed: left alone.
+    let c = create(&*s, "t1", "c", T0 + 2).await;
+    let c1 = start(&*s, &c.id, false).await;
+    assert!(
+        s.finish_attempt(&c.id, c1.n, AttemptState::Failed, Some("429"), T0)
+            .await
+            .unwrap()
+    );
+    // Job d: claimed after its attempt read the version: discarded.
+    let d = create(&*s, "t1", "d", T0 + 3).await;
+    let d1 = start(&*s, &d.id, false).await;
+    s.cancel_job("t1", &d.id, T0).await.unwrap();
+    let batch = [
+        result_of(&a1, "a-first"),
+        result_of(&b1, "b-only"),
+        result_of(&a2, "a-hedge"),
+        result_of(&c1, "c-late"),
+        result_of(&d1, "d-after-cancel"),
+        result_of(&a1, "a-again"),
+        AttemptResult {
+            job_id: "no-such-job".into(),
+            n: 1,
+            read_version: 0,
+            result: "x".into(),
+        },
+    ];
+    let out = s.complete_all(&batch, T0 + 5).await.unwrap();
+    assert_eq!(out.len(), batch.len());
+    match &out[0] {
+        Completion::Won(j) => {
+            assert_eq!(j.id, a.id);
+            assert_eq!(j.state, JobState::Succeeded);
+            assert_eq!(j.completed_by, Some(a1.n));
+            assert_eq!(j.result.as_deref(), Some("a-first"));
+            assert_eq!(j.version, a.version + 1);
+        }
+        other => panic!("a's first attempt should win: {other:?}"),
+    }
+    assert!(matches!(&out[1], Completion::Won(j) if j.id == b.id));
+    for (i, o) in out.iter().enumerate().skip(2) {
+        assert_eq!(*o, Completion::Lost, "entry {i}");
+    }
+    let state = |v: &[AttemptRecord], n: i32| v.iter().find(|x| x.n == n).map(|x| x.state);
+    let aa = s.attempts(&a.id).await.unwrap();
+    assert_eq!(state(&aa, a1.n), Some(AttemptState::Succeeded));
+    assert_eq!(state(&aa, a2.n), Some(AttemptState::Discarded));
+    assert!(aa.iter().all(|x| x.finished_at == Some(T0 + 5)));
+    let bb = s.attempts(&b.id).await.unwrap();
+    assert_eq!(state(&bb, b1.n), Some(AttemptState::Succeeded));
+    let cc = s.attempts(&c.id).await.unwrap();
+    assert_eq!(state(&cc, c1.n), Some(AttemptState::Failed), "left alone");
+    let dd = s.attempts(&d.id).await.unwrap();
+    assert_eq!(state(&dd, d1.n), Some(AttemptState::Discarded));
+    assert_eq!(job(&*s, &b.id).await.result.as_deref(), Some("b-only"));
+    assert_eq!(job(&*s, &c.id).await.state, JobState::Queued);
+    let d_after = job(&*s, &d.id).await;
+    assert_eq!(d_after.state, JobState::Cancelled);
+    assert_eq!(d_after.result, None);
+    assert!(s.complete_all(&[], T0).await.unwrap().is_empty());
+    // A result is stored exactly as given, escapes and all.
+    let e = create(&*s, "t1", "e", T0 + 4).await;
+    let e1 = start(&*s, &e.id, false).await;
+    let text = "{\"content\":\"caf\\u00e9 \u{e9}\\n\\\"quoted\\\" \u{1F600}\"}";
+    let out = s
+        .complete_all(&[result_of(&e1, text)], T0 + 6)
+        .await
+        .unwrap();
+    assert!(matches!(&out[0], Completion::Won(j) if j.result.as_deref() == Some(text)));
+    assert_eq!(job(&*s, &e.id).await.result.as_deref(), Some(text));
+}
+
+async fn complete_all_concurrent_one_winner_per_job(s: Arc<dyn Store>) {
+    const JOBS: usize = 20;
+    const WRITERS: usize = 4;
+    let mut attempts = Vec::new();
+    for i in 0..JOBS {
+        let j = create(&*s, "t1", &format!("job-{i}"), T0 + i as i64).await;
+        let first = start(&*s, &j.id, false).await;
+        let hedge = start(&*s, &j.id, true).await;
+        attempts.push((first, hedge));
+    }
+    let barrier = Arc::new(Barrier::new(WRITERS));
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (s, barrier) = (s.clone(), barrier.clone());
+            // Writer w sends, for every job, one of its two attempts, in
+            // its own order.
+            let mut batch: Vec<AttemptResult> = attempts
+                .iter()
+                .map(|(first, hedge)| {
+                    let a = if w % 2 == 0 { first } else { hedge };
+                    result_of(a, &format!("{}-{}-by-{w}", a.job_id, a.n))
+                })
+                .collect();
+            batch.rotate_left(w * JOBS / WRITERS);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut won = Vec::new();
+                for chunk in batch.chunks(5) {
+                    let out = s.complete_all(chunk, T0 + 1).await.unwrap();
+                    for (r, o) in chunk.iter().zip(out) {
+                        if let Completion::Won(j) = o {
+                            assert_eq!(j.result.as_deref(), Some(r.result.as_str()));
+                            won.push((r.job_id.clone(), r.n, r.result.clone()));
+                        }
+                    }
+                }
+                won
+            })
+        })
+        .collect();
+    let mut winners: HashMap<String, (i32, String)> = HashMap::new();
+    for t in tasks {
+        for (id, n, result) in t.await.unwrap() {
+            assert!(
+                winners.insert(id.clone(), (n, result)).is_none(),
+                "job {id} completed twice"
+            );
+        }
+    }
+    assert_eq!(winners.len(), JOBS, "every job completed once");
+    for (first, _) in &attempts {
+        let (n, result) = &winners[&first.job_id];
+        let after = job(&*s, &first.job_id).await;
+        assert_eq!(after.state, JobState::Succeeded);
+        assert_eq!(after.completed_by, Some(*n));
+        assert_eq!(after.result.as_ref(), Some(result));
+        assert_eq!(after.version, first.read_version + 1);
+        for a in s.attempts(&first.job_id).await.unwrap() {
+            let expected = if a.n == *n {
+                AttemptState::Succeeded
+            } else {
+                AttemptState::Discarded
+            };
+            assert_eq!(a.state, expected, "job {} attempt {}", a.job_id, a.n);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
