@@ -1,12 +1,14 @@
 //! The answers the mock gives: a chat completion, the same completion as SSE
-//! chunks, and the OpenAI error object. Pure functions of the request, so
+//! chunks, and the OpenAI error object. A request with function tools gets
+//! a call when it asks for one (see [`tool_call`]), as the Anthropic face
+//! does, so that tool round trips can be tested on both faces. Pure functions of the request, so
 //! idem's in-process provider of kind "mock" can answer exactly like the HTTP
 //! mock without a socket.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::Garbage;
 
@@ -28,9 +30,9 @@ pub fn completion(request: &Value, seq: u64, content: Option<&str>) -> Value {
         .map(|index| {
             json!({
                 "index": index,
-                "message": {"role": "assistant", "content": answer.content},
+                "message": answer.message(),
                 "logprobs": null,
-                "finish_reason": "stop",
+                "finish_reason": answer.finish_reason(),
             })
         })
         .collect();
@@ -79,15 +81,34 @@ pub fn completion_chunks(request: &Value, seq: u64, content: Option<&str>) -> Ve
 
     let pieces: Vec<&str> = answer.content.split_inclusive(' ').collect();
     let mut chunks = Vec::with_capacity((pieces.len() + 2) * answer.choices as usize + 1);
+    let forced = answer.tool.as_ref().is_some_and(|t| t.forced);
     for index in 0..answer.choices {
+        let first = if forced {
+            json!({"role": "assistant", "content": null})
+        } else {
+            json!({"role": "assistant", "content": ""})
+        };
+        chunks.push(chunk(delta(index, first, None), None));
+        if !forced {
+            for piece in &pieces {
+                chunks.push(chunk(delta(index, json!({"content": piece}), None), None));
+            }
+        }
+        if let Some(call) = &answer.tool {
+            // The call's head, then its arguments in pieces, as OpenAI
+            // streams them.
+            let head = json!({"tool_calls": [{"index": 0, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": ""}}]});
+            chunks.push(chunk(delta(index, head, None), None));
+            for piece in super::anthropic::json_pieces(&call.arguments) {
+                let more = json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]});
+                chunks.push(chunk(delta(index, more, None), None));
+            }
+        }
         chunks.push(chunk(
-            delta(index, json!({"role": "assistant", "content": ""}), None),
+            delta(index, json!({}), Some(answer.finish_reason())),
             None,
         ));
-        for piece in &pieces {
-            chunks.push(chunk(delta(index, json!({"content": piece}), None), None));
-        }
-        chunks.push(chunk(delta(index, json!({}), Some("stop")), None));
     }
     if include_usage {
         chunks.push(chunk(json!([]), Some(answer.usage())));
@@ -345,6 +366,65 @@ struct Answer {
     content: String,
     choices: u64,
     prompt_tokens: u64,
+    /// The tool call the request asks for, if any (see [`tool_call`]).
+    tool: Option<ToolCall>,
+}
+
+/// A function call in a generated answer.
+struct ToolCall {
+    id: String,
+    name: String,
+    /// The arguments, as the JSON text OpenAI sends.
+    arguments: String,
+    /// Forced by `tool_choice` (the answer has no text then), rather than
+    /// chosen by the `call tool` marker (text, then the call).
+    forced: bool,
+}
+
+/// The function call `request` asks for: `tool_choice` naming a function
+/// (that one) or `required` (the first), or, when it is `auto` or absent,
+/// a last user message containing `call tool` (the function named by the
+/// next word, or the first). The arguments follow [`tool_input`] on the
+/// function's `parameters`.
+fn tool_call(request: &Value, seq: u64) -> Option<ToolCall> {
+    let tools: Vec<&Value> = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.get("function"))
+        .filter(|f| f.get("name").is_some_and(Value::is_string))
+        .collect();
+    let named = |name: &str| {
+        tools
+            .iter()
+            .copied()
+            .find(|f| f.get("name").and_then(Value::as_str) == Some(name))
+    };
+    let choice = request.get("tool_choice");
+    let last = echoed(request);
+    let (function, forced) = match choice {
+        Some(Value::String(c)) if c == "none" => return None,
+        Some(Value::String(c)) if c == "required" => (*tools.first()?, true),
+        Some(Value::Object(c)) => (named(c.get("function")?.get("name")?.as_str()?)?, true),
+        _ => {
+            let at = last
+                .to_ascii_lowercase()
+                .find(super::anthropic::TOOL_MARKER)?;
+            let word: String = last[at + super::anthropic::TOOL_MARKER.len()..]
+                .trim_start()
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '-')
+                .collect();
+            (named(&word).or_else(|| tools.first().copied())?, false)
+        }
+    };
+    Some(ToolCall {
+        id: format!("call_mock_{seq}"),
+        name: function.get("name")?.as_str()?.to_owned(),
+        arguments: tool_input(function.get("parameters"), &last).to_string(),
+        forced,
+    })
 }
 
 impl Answer {
@@ -376,6 +456,29 @@ impl Answer {
                 .unwrap_or(1)
                 .clamp(1, MAX_CHOICES),
             prompt_tokens: estimate_tokens(prompt_chars),
+            tool: tool_call(request, seq),
+        }
+    }
+
+    /// The finish reason of each choice.
+    fn finish_reason(&self) -> &'static str {
+        if self.tool.is_some() {
+            "tool_calls"
+        } else {
+            "stop"
+        }
+    }
+
+    /// The message of each choice.
+    fn message(&self) -> Value {
+        match &self.tool {
+            None => json!({"role": "assistant", "content": self.content}),
+            Some(call) => json!({
+                "role": "assistant",
+                "content": if call.forced { Value::Null } else { json!(self.content) },
+                "tool_calls": [{"id": call.id, "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments}}],
+            }),
         }
     }
 
@@ -424,4 +527,64 @@ fn message_text(message: &Value) -> String {
 /// A rough token count (about four characters per token), at least 1.
 pub(crate) fn estimate_tokens(chars: usize) -> u64 {
     (chars as u64 / 4).max(1)
+}
+
+/// The input of a call to a tool whose JSON Schema is `schema`, on both of
+/// the mock's faces: each `required` property gets its first `enum` value or
+/// its `const`, else by `type` 1 (integer, number), true, `[]`, `{}`, null,
+/// or `echo` (string, or no type); a schema without required properties
+/// gives `{"q": echo}`.
+pub(crate) fn tool_input(schema: Option<&Value>, echo: &str) -> Value {
+    let required: Vec<&str> = schema
+        .and_then(|s| s.get("required"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if required.is_empty() {
+        return json!({"q": echo});
+    }
+    let properties = schema.and_then(|s| s.get("properties"));
+    let input: Map<String, Value> = required
+        .into_iter()
+        .map(|name| {
+            let property = properties.and_then(|p| p.get(name));
+            (name.to_owned(), placeholder(property, echo))
+        })
+        .collect();
+    Value::Object(input)
+}
+
+fn placeholder(schema: Option<&Value>, echo: &str) -> Value {
+    let Some(schema) = schema else {
+        return json!(echo);
+    };
+    if let Some(first) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|values| values.first())
+    {
+        return first.clone();
+    }
+    if let Some(constant) = schema.get("const") {
+        return constant.clone();
+    }
+    let kind = match schema.get("type") {
+        Some(Value::String(kind)) => kind.as_str(),
+        Some(Value::Array(kinds)) => kinds
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|kind| *kind != "null")
+            .unwrap_or("null"),
+        _ => "string",
+    };
+    match kind {
+        "integer" | "number" => json!(1),
+        "boolean" => json!(true),
+        "array" => json!([]),
+        "object" => json!({}),
+        "null" => Value::Null,
+        _ => json!(echo),
+    }
 }

@@ -34,7 +34,7 @@
 //! plus the tool input's JSON characters divided by four (each at least 1).
 
 use bytes::Bytes;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::Garbage;
 use super::answer::{
@@ -634,71 +634,14 @@ fn tool_call(request: &Value, last: &str, echo: &str, seq: u64) -> Option<(Block
     let block = Block::ToolUse {
         id: format!("toolu_mock_{seq}"),
         name,
-        input: tool_input(tool, echo),
+        input: super::answer::tool_input(tool.get("input_schema"), echo),
     };
     Some((block, forced))
 }
 
-/// The input of a call to `tool` (see the module's documentation).
-fn tool_input(tool: &Value, echo: &str) -> Value {
-    let schema = tool.get("input_schema");
-    let required: Vec<&str> = schema
-        .and_then(|s| s.get("required"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    if required.is_empty() {
-        return json!({"q": echo});
-    }
-    let properties = schema.and_then(|s| s.get("properties"));
-    let input: Map<String, Value> = required
-        .into_iter()
-        .map(|name| {
-            let property = properties.and_then(|p| p.get(name));
-            (name.to_owned(), placeholder(property, echo))
-        })
-        .collect();
-    Value::Object(input)
-}
-
-fn placeholder(schema: Option<&Value>, echo: &str) -> Value {
-    let Some(schema) = schema else {
-        return json!(echo);
-    };
-    if let Some(first) = schema
-        .get("enum")
-        .and_then(Value::as_array)
-        .and_then(|values| values.first())
-    {
-        return first.clone();
-    }
-    if let Some(constant) = schema.get("const") {
-        return constant.clone();
-    }
-    let kind = match schema.get("type") {
-        Some(Value::String(kind)) => kind.as_str(),
-        Some(Value::Array(kinds)) => kinds
-            .iter()
-            .filter_map(Value::as_str)
-            .find(|kind| *kind != "null")
-            .unwrap_or("null"),
-        _ => "string",
-    };
-    match kind {
-        "integer" | "number" => json!(1),
-        "boolean" => json!(true),
-        "array" => json!([]),
-        "object" => json!({}),
-        "null" => Value::Null,
-        _ => json!(echo),
-    }
-}
-
 /// `json` in pieces of at most [`JSON_PIECE_BYTES`], cut on character
 /// boundaries, at least two when it has two characters or more.
-fn json_pieces(json: &str) -> Vec<String> {
+pub(crate) fn json_pieces(json: &str) -> Vec<String> {
     let chars: Vec<char> = json.chars().collect();
     let size = chars.len().div_ceil(2).clamp(1, JSON_PIECE_BYTES);
     let mut pieces = Vec::new();

@@ -593,6 +593,92 @@ fn chunks_cover_every_choice_and_only_add_usage_when_asked() {
     assert_eq!(first["usage"], Value::Null);
 }
 
+#[test]
+fn a_forced_or_marked_function_is_called_plain_and_streamed() {
+    let tools = json!([
+        {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object",
+            "properties": {"order": {"type": "string"}, "n": {"type": "integer"},
+                "kind": {"enum": ["parcel", "letter"]}},
+            "required": ["order", "n", "kind"]}}},
+    ]);
+    let mut request = chat("where is 1234");
+    request["tools"] = tools;
+    // Without a choice or the marker: text.
+    assert_eq!(
+        completion(&request, 1, None)["choices"][0]["finish_reason"],
+        "stop"
+    );
+
+    request["tool_choice"] = json!({"type": "function", "function": {"name": "lookup"}});
+    let plain = completion(&request, 2, None);
+    let choice = &plain["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(
+        choice["message"]["content"],
+        Value::Null,
+        "a forced call has no text"
+    );
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["id"], "call_mock_2");
+    assert_eq!(call["function"]["name"], "lookup");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        args,
+        json!({"order": "where is 1234", "n": 1, "kind": "parcel"})
+    );
+
+    // Streamed: the head, then the arguments in pieces that add up.
+    let chunks: Vec<Value> = completion_chunks(&request, 2, None)
+        .iter()
+        .map(|c| serde_json::from_str(c).unwrap())
+        .collect();
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["tool_calls"][0]
+                .as_object()
+                .map(|_| c)
+        })
+        .map(|c| &c["choices"][0]["delta"]["tool_calls"][0])
+        .collect();
+    assert!(deltas.len() >= 3, "{chunks:?}");
+    assert_eq!(deltas[0]["id"], "call_mock_2");
+    let streamed: String = deltas
+        .iter()
+        .filter_map(|d| d["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(streamed, call["function"]["arguments"].as_str().unwrap());
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+
+    // `required`: the first function; `none`: text; the marker: text, then
+    // the named function.
+    request["tool_choice"] = json!("required");
+    let first = completion(&request, 3, None);
+    assert_eq!(
+        first["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "search"
+    );
+    request["tool_choice"] = json!("none");
+    assert_eq!(
+        completion(&request, 4, None)["choices"][0]["finish_reason"],
+        "stop"
+    );
+    request["tool_choice"] = json!("auto");
+    request["messages"] = json!([{"role": "user", "content": "please call tool lookup now"}]);
+    let marked = completion(&request, 5, None);
+    let message = &marked["choices"][0]["message"];
+    assert_eq!(
+        message["content"],
+        "mock answer #5 to: please call tool lookup now"
+    );
+    assert_eq!(message["tool_calls"][0]["function"]["name"], "lookup");
+}
+
 #[tokio::test]
 async fn concurrent_calls_each_get_their_own_seq() {
     let server = start(Behaviour::default()).await;
