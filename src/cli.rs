@@ -416,8 +416,10 @@ mod tests {
         .job("01J-job", Some(2));
         job.latency = Duration::from_micros(12_345);
         let answer = crate::answer::Answer::test_ok("primary", "gpt-4o-mini");
-        let answered =
-            Entry::new("acme", "bot", &fp, "leader", 200, Instant::now()).answer(Some(&answer));
+        let answered = Entry::new("acme", "bot", &fp, "leader", 200, Instant::now())
+            .endpoint("messages")
+            .answer(Some(&answer))
+            .cost(Some(crate::reqlog::Cost::Spent(0.25)));
         for entry in [chat, job, answered] {
             captured.0.lock().unwrap().clear();
             let line = Line::new(&entry, false);

@@ -71,6 +71,12 @@ pub struct Rules<'a> {
     /// The hash of the route's contract, if it has one: answers checked
     /// against another contract are another task.
     pub contract: Option<&'a str>,
+    /// The face the request came in by, when it is not chat completions,
+    /// with what that face adds to the task (`{"face": "messages"}`, a
+    /// Responses request's `previous_response_id`): the same question asked
+    /// through another API shape wants another answer shape, so it is
+    /// another task (docs/design.md, "What counts as the same task").
+    pub face: Option<&'a Value>,
 }
 
 /// The identity of a task: a BLAKE3 hash, printed `v1:<64 hex digits>`.
@@ -312,6 +318,11 @@ fn write_document<W: Write>(
     if let Some(contract) = rules.contract {
         out.write_all(b"\"contract\":")?;
         write_str(contract, out)?;
+        out.write_all(b",")?;
+    }
+    if let Some(face) = rules.face {
+        out.write_all(b"\"face\":")?;
+        write_canonical(face, out)?;
         out.write_all(b",")?;
     }
     out.write_all(b"\"request\":")?;
@@ -609,6 +620,7 @@ mod tests {
             scope: Scope::Tenant,
             ignore_fields: ignore,
             contract: None,
+            face: None,
         }
     }
 
@@ -677,6 +689,36 @@ mod tests {
         let b = fingerprint(&body, None, &r);
         assert_ne!(none, a);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn the_face_changes_the_task_and_chat_has_none() {
+        let t = targets();
+        let body = obj(json!({"model": "x", "messages": [{"role": "user", "content": "hi"}]}));
+        let mut r = rules(&t, &[]);
+        let chat = fingerprint(&body, None, &r);
+        // Chat completions add nothing: fingerprints from before faces hold.
+        let doc = String::from_utf8(canonical_doc(&body, &r)).unwrap();
+        assert!(doc.starts_with("{\"request\":"), "{doc}");
+        let messages = json!({"face": "messages"});
+        r.face = Some(&messages);
+        let a = fingerprint(&body, None, &r);
+        let responses = json!({"face": "responses"});
+        r.face = Some(&responses);
+        let b = fingerprint(&body, None, &r);
+        let continued = json!({"face": "responses", "previous_response_id": "resp_1"});
+        r.face = Some(&continued);
+        let c = fingerprint(&body, None, &r);
+        assert_ne!(chat, a);
+        assert_ne!(a, b);
+        assert_ne!(b, c);
+    }
+
+    /// The document a fingerprint hashes, as bytes.
+    fn canonical_doc(body: &Map<String, Value>, rules: &Rules) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_document(&mut out, body, None, rules).unwrap();
+        out
     }
 
     #[test]

@@ -197,6 +197,7 @@ pub fn event(line: &Line<'_>) {
         time = %line.time,
         tenant = line.tenant,
         route = line.route,
+        endpoint = line.endpoint,
         fingerprint = %line.fingerprint,
         outcome = line.outcome,
         job = line.job,
@@ -208,6 +209,8 @@ pub fn event(line: &Line<'_>) {
         upstream_ms = line.upstream_ms,
         prompt_tokens = line.prompt_tokens,
         completion_tokens = line.completion_tokens,
+        cost = line.cost,
+        saved_cost = line.saved_cost,
         messages = messages.as_deref(),
     );
 }
@@ -239,6 +242,8 @@ pub struct Entry<'a> {
     pub arrived: SystemTime,
     pub tenant: &'a str,
     pub route: &'a str,
+    /// The endpoint it came in by (see [`Line::endpoint`]).
+    pub endpoint: &'a str,
     pub fingerprint: &'a Fingerprint,
     pub outcome: &'a str,
     pub job: Option<&'a str>,
@@ -281,6 +286,7 @@ impl<'a> Entry<'a> {
             arrived: now.checked_sub(latency).unwrap_or(now),
             tenant,
             route,
+            endpoint: "chat",
             fingerprint,
             outcome,
             job: None,
@@ -292,6 +298,12 @@ impl<'a> Entry<'a> {
             usage: None,
             cost: None,
         }
+    }
+
+    /// The endpoint it came in by (`chat` unless said).
+    pub fn endpoint(mut self, endpoint: &'a str) -> Self {
+        self.endpoint = endpoint;
+        self
     }
 
     /// The job path: the job and the attempt that completed it, if any.
@@ -334,6 +346,10 @@ pub struct Line<'a> {
     pub time: String,
     pub tenant: &'a str,
     pub route: &'a str,
+    /// The endpoint the request came in by: `chat` (chat completions),
+    /// `messages` (Anthropic's Messages API), `responses` (OpenAI's
+    /// Responses API), `embeddings`, or `jobs` (`POST /v1/jobs`).
+    pub endpoint: &'a str,
     /// `v1:<64 hex>`.
     pub fingerprint: String,
     /// `leader`, `follower`, `cache-hit`, `negative-hit`, `bypass`,
@@ -387,6 +403,7 @@ impl<'a> Line<'a> {
             time: humantime::format_rfc3339_millis(e.arrived).to_string(),
             tenant: e.tenant,
             route: e.route,
+            endpoint: e.endpoint,
             fingerprint: e.fingerprint.to_string(),
             outcome: e.outcome,
             job: e.job,
@@ -445,6 +462,7 @@ mod tests {
                 "time",
                 "tenant",
                 "route",
+                "endpoint",
                 "fingerprint",
                 "outcome",
                 "status",

@@ -112,6 +112,7 @@ impl Route {
             scope: self.config.scope,
             ignore_fields: &self.config.ignore_fields,
             contract: self.contract.as_ref().map(|c| c.hash.as_str()),
+            face: None,
         }
     }
 }

@@ -148,7 +148,13 @@ impl Keyring {
     /// Resolves the `Authorization` header value (if any). Admin keys are
     /// recognised in open mode too, so admin endpoints stay protected.
     pub fn authenticate(&self, authorization: Option<&[u8]>) -> Option<Principal> {
-        let presented = authorization.and_then(bearer_token);
+        self.authenticate_token(authorization.and_then(bearer_token))
+    }
+
+    /// The principal a bare key names (Anthropic's `x-api-key` header), or
+    /// the anonymous one when none does.
+    pub fn authenticate_token(&self, presented: Option<&[u8]>) -> Option<Principal> {
+        let presented = presented.map(<[u8]>::trim_ascii).filter(|t| !t.is_empty());
         if let Some(token) = presented {
             let digest: [u8; 32] = Sha256::digest(token).into();
             let mut found: Option<&Principal> = None;

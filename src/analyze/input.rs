@@ -64,6 +64,20 @@ pub struct Group {
     pub requests: u64,
 }
 
+/// One endpoint's requests (`chat`, `messages`, `responses`, `embeddings`,
+/// `jobs`: the log's `endpoint`; a line without one, or a raw body, is
+/// `chat`).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct EndpointCounts {
+    pub requests: u64,
+    /// Distinct (tenant, fingerprint) pairs first seen on this endpoint
+    /// (a fingerprint names its face, so a task belongs to one).
+    pub distinct_tasks: u64,
+    /// Log lines answered without a call of their own (`follower`,
+    /// `cache-hit`, `negative-hit`, `replay`).
+    pub saved: u64,
+}
+
 /// How the input's lines were read.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct Counts {
@@ -107,6 +121,10 @@ pub struct Collector {
     pub routes: Vec<Box<str>>,
     /// `outcome` values of log lines and how often each was seen.
     pub outcomes: HashMap<Box<str>, u64>,
+    /// The endpoints lines named, and the requests of each (same order).
+    pub endpoints: Vec<Box<str>>,
+    pub by_endpoint: Vec<EndpointCounts>,
+    endpoint_ids: HashMap<Box<str>, u32>,
     /// `upstream_ms` of lines that made their own call (`leader`, `bypass`),
     /// in microseconds.
     pub leader_upstream_us: Vec<u64>,
@@ -133,6 +151,8 @@ struct Probe<'a> {
     tenant: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     route: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    endpoint: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     fingerprint: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -414,6 +434,14 @@ impl Collector {
             p.model.as_deref().unwrap_or(""),
         );
         let tokens = |n: Option<u64>| u32::try_from(n.unwrap_or(0)).unwrap_or(u32::MAX);
+        let groups = self.groups.len();
+        let saved = matches!(
+            p.outcome.as_deref(),
+            Some("follower" | "cache-hit" | "negative-hit" | "replay")
+        );
+        let endpoint = self.endpoint(p.endpoint.as_deref().unwrap_or("chat"));
+        endpoint.requests += 1;
+        endpoint.saved += u64::from(saved);
         self.push(
             tenant,
             route,
@@ -423,6 +451,10 @@ impl Collector {
             upstream_us,
             cacheable,
         );
+        if self.groups.len() > groups {
+            self.endpoint(p.endpoint.as_deref().unwrap_or("chat"))
+                .distinct_tasks += 1;
+        }
         if let Some(e) = self.events.last_mut() {
             e.input_tokens = tokens(p.prompt_tokens);
             e.output_tokens = tokens(p.completion_tokens);
@@ -489,7 +521,21 @@ impl Collector {
         let route = self.raw.route.clone().unwrap_or(model);
         self.counts.raw_bodies += 1;
         let tenant = self.raw.tenant.clone();
+        let groups = self.groups.len();
+        self.endpoint("chat").requests += 1;
         self.push(&tenant, &route, *fp.as_bytes(), None, time_us, 0, true);
+        if self.groups.len() > groups {
+            self.endpoint("chat").distinct_tasks += 1;
+        }
+    }
+
+    /// The counts of `name`'s requests.
+    fn endpoint(&mut self, name: &str) -> &mut EndpointCounts {
+        let id = intern(&mut self.endpoint_ids, &mut self.endpoints, name) as usize;
+        if self.by_endpoint.len() <= id {
+            self.by_endpoint.resize(id + 1, EndpointCounts::default());
+        }
+        &mut self.by_endpoint[id]
     }
 
     /// The fingerprint the gateway would compute for `body` on its route;
@@ -514,6 +560,7 @@ impl Collector {
                 // One route's requests share its contract: grouping is the
                 // same with or without it.
                 contract: None,
+                face: None,
             },
             None => Rules {
                 tenant: &self.raw.tenant,
@@ -524,6 +571,7 @@ impl Collector {
                 scope: Scope::Tenant,
                 ignore_fields: &[],
                 contract: None,
+                face: None,
             },
         };
         fingerprint::fingerprint(body, None, &rules)

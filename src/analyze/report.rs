@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::input::{Collector, Counts};
+use super::input::{Collector, Counts, EndpointCounts};
 use super::simulate::{self, Savings, Settings};
 
 /// The usual range of a success TTL (docs/design.md, "Coalescing and the caches"'s advice): long enough
@@ -133,6 +133,9 @@ pub struct Report {
     /// `duplicates / requests`.
     pub duplicate_share: f64,
     pub largest_groups: Vec<GroupReport>,
+    /// The requests of each endpoint (chat completions, Messages,
+    /// Responses, embeddings, jobs), by name.
+    pub endpoints: BTreeMap<String, EndpointCounts>,
     /// Why the time-based figures are missing, when they are.
     pub time_unavailable: Option<String>,
     pub wait: WaitUsed,
@@ -286,8 +289,15 @@ impl Report {
             recommendation.simulation = Some(simulate::simulate(events, rec, &c.prices));
         }
 
+        let endpoints = c
+            .endpoints
+            .iter()
+            .zip(&c.by_endpoint)
+            .map(|(name, counts)| (name.to_string(), counts.clone()))
+            .collect();
         Report {
             inputs,
+            endpoints,
             lines: c.counts.clone(),
             requests,
             distinct_tasks: distinct,
@@ -544,6 +554,30 @@ impl Report {
                     let _ = write!(o, "  {f} .. {t}");
                 }
                 let _ = writeln!(o);
+            }
+        }
+
+        if !self.endpoints.is_empty() {
+            let _ = writeln!(
+                o,
+                "\nBy endpoint        requests   distinct           repeats   saved in the log"
+            );
+            for (name, e) in &self.endpoints {
+                let repeats = e.requests.saturating_sub(e.distinct_tasks);
+                let share = if e.requests > 0 {
+                    repeats as f64 / e.requests as f64
+                } else {
+                    0.0
+                };
+                let _ = writeln!(
+                    o,
+                    "  {name:<12} {:>10} {:>10} {:>9} {:>7} {:>10}",
+                    e.requests,
+                    e.distinct_tasks,
+                    repeats,
+                    format!("({})", pct(share)),
+                    e.saved,
+                );
             }
         }
 

@@ -9,3 +9,5 @@
 
 pub mod chat;
 pub mod embeddings;
+pub mod messages;
+pub mod responses;

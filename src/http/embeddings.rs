@@ -299,6 +299,7 @@ impl Reply<'_> {
             route: Some(&self.route.name),
             count: Some(count),
             line: Some(Line {
+                endpoint: "embeddings",
                 fp: self.fp,
                 outcome,
                 status: status.as_u16(),

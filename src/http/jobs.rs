@@ -14,13 +14,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+use super::faces::{Asked, Wants};
 use super::openai::{content_length, decorate, render, route_chat};
 use super::validate::{self, ChatRequest};
 use super::{ApiPath, ApiQuery};
 use super::{AppState, Caller};
 use crate::fingerprint::Fingerprint;
 use crate::flight::RequestBody;
-use crate::jobs::{JobError, Resolution, job_answer, job_json};
+use crate::jobs::{Intent, JobError, Resolution, job_answer, job_json};
 use crate::outcome::Outcome;
 use crate::routes::Route;
 use crate::store::{Cursor, JobRecord, JobState};
@@ -99,11 +100,14 @@ pub async fn create(
     let outer = validate::parse_object(&bytes, app.limits.max_json_depth)?;
     let (request, metadata) = validate::job_body(outer)?;
     let req = validate::chat_request(request, &app.limits)?;
-    let (route, fp) = route_chat(&caller.live, &tenant, &req, &headers)?;
-    let created = app
-        .jobs
-        .create(&tenant, &route, &req.body, &fp, metadata.as_ref(), &key)
-        .await?;
+    let (route, fp) = route_chat(&caller.live, &tenant, &req, &headers, None)?;
+    let intent = Intent {
+        request: &req.body,
+        fp: &fp,
+        face: None,
+        metadata: metadata.as_ref(),
+    };
+    let created = app.jobs.create(&tenant, &route, intent, &key).await?;
     let status = if created.new {
         StatusCode::CREATED
     } else {
@@ -134,6 +138,7 @@ pub async fn create(
         count: (!created.new).then_some(Count::Answered(Outcome::Replay)),
         line: Some(Line {
             fp,
+            endpoint: "jobs",
             outcome: if created.new { "created" } else { "replay" },
             status: status.as_u16(),
             started,
@@ -149,26 +154,42 @@ pub async fn create(
     Ok(resp)
 }
 
-/// `POST /v1/chat/completions` with an `Idempotency-Key`: the request
-/// becomes (or finds) a job and waits for it within the request timeout.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the parts of one admitted request, as the plain path holds them"
-)]
+/// A request of the chat path on its way to a job: the chat request it
+/// asks, the form its asker wants, what its face adds to the fingerprint
+/// and the payload hash, and its fingerprint.
+pub struct Asking {
+    pub req: ChatRequest,
+    pub wants: Wants,
+    pub face: Option<Value>,
+    pub fp: Fingerprint,
+}
+
+/// `POST /v1/chat/completions` (or another face of the chat path) with an
+/// `Idempotency-Key`: the request becomes (or finds) a job and waits for it
+/// within the request timeout, then gets the job's answer in its face's
+/// shape.
 pub async fn chat(
     app: &AppState,
     tenant: &Arc<str>,
     route: &Arc<Route>,
-    req: ChatRequest,
-    fp: Fingerprint,
+    asking: Asking,
     key: String,
     started: Instant,
     trace: Option<Trace>,
 ) -> Result<Response, ApiError> {
-    let created = app
-        .jobs
-        .create(tenant, route, &req.body, &fp, None, &key)
-        .await?;
+    let Asking {
+        req,
+        wants,
+        face,
+        fp,
+    } = asking;
+    let intent = Intent {
+        request: &req.body,
+        fp: &fp,
+        face: face.as_ref(),
+        metadata: None,
+    };
+    let created = app.jobs.create(tenant, route, intent, &key).await?;
     let replayed = !created.new && created.job.state == JobState::Succeeded;
     let new = created.new;
     let job = if created.job.state == JobState::Succeeded {
@@ -205,8 +226,15 @@ pub async fn chat(
         None => Vec::new(),
     };
     let answer = Arc::new(job_answer(&job, route, &attempts));
+    if let Asked::Responses(r) = wants.asked()
+        && r.store
+        && job.state == JobState::Succeeded
+    {
+        let source = crate::flight::Source::Done(answer.clone());
+        super::openai::keep_response(app, tenant, &fp, r, source).await;
+    }
     let mut resp = match job.state {
-        JobState::Succeeded => render(&answer, req.stream, req.include_usage),
+        JobState::Succeeded => render(&answer, wants.asked(), &fp),
         JobState::Cancelled => ApiError::Conflict {
             message: "the job for this Idempotency-Key was cancelled".into(),
             code: "job_cancelled",
@@ -244,6 +272,7 @@ pub async fn chat(
         count: (!new).then_some(Count::Answered(outcome)),
         line: Some(Line {
             fp,
+            endpoint: wants.face.as_str(),
             outcome: outcome.as_str(),
             status: resp.status().as_u16(),
             started,

@@ -1,6 +1,8 @@
 //! The HTTP surface: the router, the shared state handlers see, and the
-//! caller's identity. Handlers live in one file per area: `openai` (chat
-//! completions, models), `jobs` (the jobs API), `ops` (health, metrics,
+//! caller's identity. Handlers live in one file per area: `openai` (the
+//! chat path and its faces, whose shapes `faces` renders; models),
+//! `embeddings`, `responses` (stored responses), `jobs` (the jobs API),
+//! `ops` (health, metrics,
 //! stats), `admin` (certification, routes, jobs across tenants), `ui` (the
 //! dashboard page); `server` is the accept loop, `error` renders every
 //! failure, `validate` checks bodies.
@@ -8,9 +10,11 @@
 pub mod admin;
 pub mod embeddings;
 pub mod error;
+pub mod faces;
 pub mod jobs;
 pub mod openai;
 pub mod ops;
+pub mod responses;
 pub mod server;
 pub mod ui;
 pub mod validate;
@@ -32,6 +36,7 @@ use crate::store::Store;
 use crate::task::Core;
 use crate::tenants::Principal;
 use error::ApiError;
+use faces::Face;
 use validate::Limits;
 
 /// Everything a handler may use: cheap handles, no global lock.
@@ -121,6 +126,23 @@ impl Caller {
         let who = live
             .keyring
             .authenticate(auth)
+            .ok_or(ApiError::Unauthorized)?;
+        Ok(Caller { who, live })
+    }
+
+    /// The caller of an Anthropic-shaped request: its key in `x-api-key`
+    /// (what Anthropic's SDKs send), else in `Authorization: Bearer`.
+    pub fn authenticate_anthropic(
+        headers: &HeaderMap,
+        state: &AppState,
+    ) -> Result<Caller, ApiError> {
+        let Some(key) = headers.get("x-api-key") else {
+            return Caller::authenticate(headers, state);
+        };
+        let live = state.live.load();
+        let who = live
+            .keyring
+            .authenticate_token(Some(key.as_bytes()))
             .ok_or(ApiError::Unauthorized)?;
         Ok(Caller { who, live })
     }
@@ -225,8 +247,14 @@ where
 /// The router of one gateway.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(openai::ChatCompletions))
-        .route("/chat/completions", post(openai::ChatCompletions))
+        .route("/v1/chat/completions", post(openai::ChatPath(Face::Chat)))
+        .route("/chat/completions", post(openai::ChatPath(Face::Chat)))
+        .route("/v1/messages", post(openai::ChatPath(Face::Messages)))
+        .route("/v1/responses", post(openai::ChatPath(Face::Responses)))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(openai::models))

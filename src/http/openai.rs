@@ -1,7 +1,8 @@
-//! The OpenAI-compatible endpoints: `POST /v1/chat/completions` and
-//! `GET /v1/models`.
+//! The chat path's endpoints: `POST /v1/chat/completions`, and its other
+//! faces `POST /v1/messages` and `POST /v1/responses` ([`super::faces`]);
+//! and `GET /v1/models`.
 //!
-//! The chat handler is the request path (docs/design.md, "The request path"), one
+//! The handler is the request path (docs/design.md, "The request path"), one
 //! stage per line: auth -> parse & validate -> route -> [Idempotency-Key?
 //! -> job] -> fingerprint -> the core ([`Core::obtain`]: cache -> targets
 //! -> flight -> provider). This file turns the request into the core's
@@ -28,10 +29,12 @@ use futures_util::{FutureExt, TryFutureExt};
 use serde_json::json;
 
 use super::error::ApiError;
+use super::faces::{self, Asked, Face, ResponsesAsk, Wants};
 use super::validate::{self, ChatRequest};
 use super::{AppState, Caller};
 use crate::answer::{Answer, Form};
 use crate::endpoints::chat::CHAT;
+use crate::endpoints::{messages, responses};
 use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{Delivery, Flight, RequestBody, Source};
 use crate::live::Live;
@@ -61,17 +64,27 @@ pub const IDEM_USER: &str = "idem-user";
 /// long time. In a single `async fn` the arguments (the header map, the body
 /// stream) would stay in every waiting request's state. The boxed future
 /// fits jemalloc's 1,024-byte size class (a unit test keeps it there).
+///
+/// One handler serves each face of the chat path ([`Face`]): the face says
+/// how the request is read and the answer (or error) rendered.
 #[derive(Clone, Copy)]
-pub struct ChatCompletions;
+pub struct ChatPath(pub Face);
 
-/// The [`Handler`] marker of [`ChatCompletions`].
+/// The [`Handler`] marker of [`ChatPath`].
 pub enum OwnHandler {}
 
-impl Handler<OwnHandler, AppState> for ChatCompletions {
+impl Handler<OwnHandler, AppState> for ChatPath {
     type Future = Pin<Box<dyn Future<Output = Response> + Send>>;
 
     fn call(self, req: Request, app: AppState) -> Self::Future {
-        Box::pin(chat_completions(app, req).map(|r| r.unwrap_or_else(refusal_response)))
+        let face = self.0;
+        let handled = chat_completions(app, req, face).map(|r| r.unwrap_or_else(refusal_response));
+        if face == Face::Messages {
+            // Anthropic's clients read Anthropic's error shape.
+            Box::pin(handled.then(faces::anthropic_error))
+        } else {
+            Box::pin(handled)
+        }
     }
 }
 
@@ -91,9 +104,15 @@ fn refusal_response(e: ApiError) -> Response {
 fn chat_completions(
     app: AppState,
     req: Request,
+    face: Face,
 ) -> impl Future<Output = Result<Response, ApiError>> {
     let (parts, body) = req.into_parts();
-    let caller = match Caller::authenticate(&parts.headers, &app) {
+    let authenticated = if face == Face::Messages {
+        Caller::authenticate_anthropic(&parts.headers, &app)
+    } else {
+        Caller::authenticate(&parts.headers, &app)
+    };
+    let caller = match authenticated {
         Ok(caller) => caller,
         Err(e) => return Either::Left(std::future::ready(Err(refused(&app, None, None, e)))),
     };
@@ -101,12 +120,12 @@ fn chat_completions(
         let e = refused(&app, caller.tenant_name(), None, e);
         return Either::Left(std::future::ready(Err(e)));
     }
-    Either::Right(
-        admit(app, caller, parts.headers, body).and_then(|admitted| match admitted {
+    Either::Right(admit(app, caller, parts.headers, body, face).and_then(
+        |admitted| match admitted {
             Admitted::Answered(resp) => Either::Left(std::future::ready(Ok(resp))),
             Admitted::Coalesce(request) => Either::Right(coalesce(request)),
-        }),
-    )
+        },
+    ))
 }
 
 /// What [`admit`] found a chat request to need.
@@ -126,11 +145,22 @@ struct Admission {
     fp: Fingerprint,
     body: RequestBody,
     policy: CachePolicy,
+    /// The face it came in by and the form it wants (with `rare`).
+    face: Face,
     stream: bool,
     include_usage: bool,
     started: Instant,
+    /// What few requests have, boxed: a waiting request's state stays
+    /// within its allocation class (see the test below).
+    rare: Option<Box<Rare>>,
+}
+
+/// The parts of an [`Admission`] most requests do not have.
+struct Rare {
     /// The request's span (traces on).
     trace: Option<Trace>,
+    /// A Responses request's extras.
+    responses: Option<Box<ResponsesAsk>>,
 }
 
 impl Admission {
@@ -142,8 +172,17 @@ impl Admission {
             body: &self.body,
             wire: &CHAT,
             policy: self.policy,
-            trace: self.trace.as_ref(),
+            trace: self.trace(),
         }
+    }
+
+    fn trace(&self) -> Option<&Trace> {
+        self.rare.as_ref()?.trace.as_ref()
+    }
+
+    fn asked(&self) -> Asked<'_> {
+        let responses = self.rare.as_ref().and_then(|r| r.responses.as_deref());
+        faces::asked(self.face, self.stream, self.include_usage, responses)
     }
 }
 
@@ -175,14 +214,20 @@ async fn admit(
     caller: Caller,
     headers: HeaderMap,
     body: Body,
+    face: Face,
 ) -> Result<Admitted, ApiError> {
     let started = Instant::now();
     let tenant = caller.tenant().map_err(|e| refused(&app, None, None, e))?;
-    let (req, raw) = read_chat_request(&app, &headers, body, caller.body_limit(&app))
+    let Read {
+        req,
+        raw,
+        wants,
+        face_doc,
+    } = read_request(&app, &tenant, &headers, body, caller.body_limit(&app), face)
         .await
         .map_err(|e| refused(&app, Some(&tenant), None, e))?;
-    let trace = request_trace(&app, "chat", &req.model, &headers);
-    let (route, fp) = match route_chat(&caller.live, &tenant, &req, &headers) {
+    let trace = request_trace(&app, face.operation(), &req.model, &headers);
+    let (route, fp) = match route_chat(&caller.live, &tenant, &req, &headers, face_doc.as_ref()) {
         Ok(routed) => routed,
         Err(e) => {
             // Counted under the route when the model names one.
@@ -196,32 +241,163 @@ async fn admit(
         // Boxed: the job path's state would otherwise enlarge every chat
         // request's future, coalesced followers' included.
         let job = Box::pin(super::jobs::chat(
-            &app, &tenant, &route, req, fp, key, started, trace,
+            &app,
+            &tenant,
+            &route,
+            super::jobs::Asking {
+                req,
+                wants,
+                face: face_doc,
+                fp,
+            },
+            key,
+            started,
+            trace,
         ));
         return match job.await {
             Ok(resp) => Ok(Admitted::Answered(resp)),
             Err(e) => Err(refused(&app, Some(&tenant), Some(&route.name), e)),
         };
     }
-    let ChatRequest {
-        body,
-        stream,
-        include_usage,
-        ..
-    } = req;
     Ok(Admitted::Coalesce(Admission {
         policy: cache_policy(&headers),
-        // A follower lets the parse go while it waits (see `RequestBody`).
-        body: RequestBody::from_bytes(body, raw),
+        body: match raw {
+            // A follower lets the parse go while it waits (see `RequestBody`).
+            Some(raw) => RequestBody::from_bytes(req.body, raw),
+            // A translated request has no bytes of its own to parse again.
+            None => RequestBody::kept(req.body),
+        },
         app,
         tenant,
         route,
         fp,
-        stream,
-        include_usage,
+        face: wants.face,
+        stream: wants.stream,
+        include_usage: wants.include_usage,
         started,
-        trace,
+        rare: (trace.is_some() || wants.responses.is_some()).then(|| {
+            Box::new(Rare {
+                trace,
+                responses: wants.responses,
+            })
+        }),
     }))
+}
+
+/// A request of any face, read and checked as the chat request it asks.
+struct Read {
+    req: ChatRequest,
+    /// The bytes a chat request was parsed from (None: translated).
+    raw: Option<Bytes>,
+    wants: Wants,
+    /// What the face adds to the fingerprint (None: chat completions).
+    face_doc: Option<serde_json::Value>,
+}
+
+/// Reads and checks a request of `face`: a chat request as sent, or a
+/// Messages or Responses request translated into one (a Responses request
+/// that continues a stored one gets its earlier turns from the store).
+async fn read_request(
+    app: &AppState,
+    tenant: &str,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    face: Face,
+) -> Result<Read, ApiError> {
+    let bytes = validate::read_body(body, content_length(headers), limit).await?;
+    let object = validate::parse_object(&bytes, app.limits.max_json_depth)?;
+    match face {
+        Face::Chat => {
+            let req = validate::chat_request(object, &app.limits)?;
+            Ok(Read {
+                wants: Wants {
+                    face,
+                    stream: req.stream,
+                    include_usage: req.include_usage,
+                    responses: None,
+                },
+                req,
+                raw: Some(bytes),
+                face_doc: None,
+            })
+        }
+        Face::Messages => {
+            let translated = messages::to_chat(&object).map_err(|r| {
+                ApiError::bad_request(r.message, "invalid_request", r.param.as_deref())
+            })?;
+            let req = validate::chat_request(translated.chat, &app.limits)?;
+            Ok(Read {
+                wants: Wants {
+                    face,
+                    stream: req.stream,
+                    include_usage: false,
+                    responses: None,
+                },
+                req,
+                raw: None,
+                face_doc: Some(json!({"face": "messages"})),
+            })
+        }
+        Face::Responses => {
+            let previous = match object.get("previous_response_id") {
+                None | Some(serde_json::Value::Null) => None,
+                Some(serde_json::Value::String(id)) => Some(id.clone()),
+                Some(_) => {
+                    return Err(ApiError::bad_request(
+                        "`previous_response_id` must be a string",
+                        "invalid_type",
+                        Some("previous_response_id"),
+                    ));
+                }
+            };
+            let history = match &previous {
+                None => Vec::new(),
+                Some(id) => previous_turns(app, tenant, id).await?,
+            };
+            let translated = responses::to_chat(&object, &history).map_err(|r| {
+                ApiError::bad_request(r.message, "invalid_request", r.param.as_deref())
+            })?;
+            let store = translated.store.unwrap_or(true);
+            let mut turns = history;
+            turns.extend(translated.turns);
+            let req = validate::chat_request(translated.chat, &app.limits)?;
+            Ok(Read {
+                wants: Wants {
+                    face,
+                    stream: req.stream,
+                    include_usage: false,
+                    responses: Some(Box::new(ResponsesAsk {
+                        stream: req.stream,
+                        echo: responses::Echo::of(&object),
+                        store,
+                        turns,
+                    })),
+                },
+                req,
+                raw: None,
+                face_doc: Some(json!({"face": "responses", "previous_response_id": previous})),
+            })
+        }
+    }
+}
+
+/// The conversation a stored response continues, as chat messages: 404
+/// when this tenant kept none by that id (another tenant's included).
+async fn previous_turns(
+    app: &AppState,
+    tenant: &str,
+    id: &str,
+) -> Result<Vec<serde_json::Value>, ApiError> {
+    let Some(kept) = app.store.response(tenant, id).await? else {
+        return Err(ApiError::NotFound("previous response"));
+    };
+    match serde_json::from_str(&kept.turns) {
+        Ok(serde_json::Value::Array(turns)) => Ok(turns),
+        _ => Err(ApiError::Internal(anyhow::anyhow!(
+            "stored response {id} has unreadable turns"
+        ))),
+    }
 }
 
 /// A request's span, when traces are on: `{operation} {model}`, under the
@@ -264,7 +440,20 @@ fn coalesce(a: Admission) -> impl Future<Output = Result<Response, ApiError>> {
 async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Response, ApiError> {
     let (resp, count, source) = match obtained {
         Ok(delivery) => {
-            let resp = respond(&delivery, &a.fp, a.stream, a.include_usage).await;
+            if let Asked::Responses(r) = a.asked()
+                && r.store
+            {
+                // Boxed: only these requests carry its state.
+                Box::pin(keep_response(
+                    &a.app,
+                    &a.tenant,
+                    &a.fp,
+                    r,
+                    delivery.source.clone(),
+                ))
+                .await;
+            }
+            let resp = respond(&delivery, &a.fp, a.asked()).await;
             (
                 resp,
                 Count::Answered(delivery.outcome),
@@ -291,6 +480,7 @@ async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Re
         count: Some(count),
         line: Some(Line {
             fp: a.fp,
+            endpoint: a.face.as_str(),
             outcome,
             status: resp.status().as_u16(),
             started: a.started,
@@ -301,13 +491,73 @@ async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Re
             usage: None,
         }),
         priced: Some(&a.route),
-        trace: a.trace.as_ref(),
+        trace: a.trace(),
         ..Finish::default()
     });
     Ok(resp)
 }
 
-/// A route asked for an endpoint it does not serve.
+/// Keeps a Responses answer (`store: true`) once it is whole. A plain
+/// answer is kept before the client gets it, so that a `GET` (or a
+/// continuation) right after finds it; a streamed one beside its relay, as
+/// it ends.
+pub async fn keep_response(
+    app: &AppState,
+    tenant: &Arc<str>,
+    fp: &Fingerprint,
+    asked: &ResponsesAsk,
+    source: Source,
+) {
+    let keeping = keeping(app, tenant, fp, asked, source);
+    if asked.stream {
+        tokio::spawn(keeping);
+    } else {
+        keeping.await;
+    }
+}
+
+fn keeping(
+    app: &AppState,
+    tenant: &Arc<str>,
+    fp: &Fingerprint,
+    asked: &ResponsesAsk,
+    source: Source,
+) -> impl Future<Output = ()> + Send + 'static {
+    let store = app.store.clone();
+    let tenant = tenant.to_string();
+    let fp = *fp;
+    let echo = asked.echo.clone();
+    let turns = asked.turns.clone();
+    async move {
+        let answer = match source {
+            Source::Done(a) => a,
+            Source::Live(f) => match f.done(None).await {
+                Some(a) => a,
+                None => return,
+            },
+        };
+        let asked = ResponsesAsk {
+            stream: false,
+            echo,
+            store: true,
+            turns,
+        };
+        let Some((id, body, turns)) = faces::stored(&asked, &fp, &answer) else {
+            return;
+        };
+        let kept = crate::store::StoredResponse {
+            tenant,
+            id,
+            body: body.to_string(),
+            turns: serde_json::Value::Array(turns).to_string(),
+            created_at: crate::store::now_ms(),
+        };
+        if let Err(e) = store.put_response(&kept).await {
+            tracing::warn!(error = %e, response = %kept.id, "cannot keep a stored response");
+        }
+    }
+}
+
 /// The 404 for a model no route serves, listing the models that serve
 /// `endpoint` (every tenant may use every route).
 pub fn unknown_model(routes: &Routes, model: &str, endpoint: Endpoint) -> ApiError {
@@ -331,19 +581,6 @@ pub fn not_served(model: &str, endpoint: &str) -> ApiError {
     )
 }
 
-/// Reads and validates a chat completion body; also returns the bytes it
-/// was parsed from.
-pub async fn read_chat_request(
-    app: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<(ChatRequest, Bytes), ApiError> {
-    let bytes = validate::read_body(body, content_length(headers), limit).await?;
-    let object = validate::parse_object(&bytes, app.limits.max_json_depth)?;
-    Ok((validate::chat_request(object, &app.limits)?, bytes))
-}
-
 pub fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(header::CONTENT_LENGTH)
@@ -352,13 +589,14 @@ pub fn content_length(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// A checked chat request's route (one that serves chat completions) and
-/// its fingerprint under the route's rules: the stage the plain path and
-/// the jobs API share.
+/// its fingerprint under the route's rules, with what its face adds: the
+/// stage the plain path and the jobs API share.
 pub fn route_chat(
     live: &Live,
     tenant: &str,
     req: &ChatRequest,
     headers: &HeaderMap,
+    face: Option<&serde_json::Value>,
 ) -> Result<(Arc<Route>, Fingerprint), ApiError> {
     let Some(route) = live.route(&req.model) else {
         return Err(unknown_model(&live.routes, &req.model, Endpoint::Chat));
@@ -367,7 +605,11 @@ pub fn route_chat(
         return Err(not_served(&req.model, "chat completions"));
     }
     let user = headers.get(IDEM_USER).and_then(|v| v.to_str().ok());
-    let fp = fingerprint::fingerprint(&req.body, user, &route.rules(tenant));
+    let rules = fingerprint::Rules {
+        face,
+        ..route.rules(tenant)
+    };
+    let fp = fingerprint::fingerprint(&req.body, user, &rules);
     Ok((route, fp))
 }
 
@@ -394,17 +636,16 @@ pub fn cache_policy(headers: &HeaderMap) -> CachePolicy {
 }
 
 /// Turns a delivery into the HTTP answer the client asked for.
-pub async fn respond(
-    d: &Delivery,
-    fp: &Fingerprint,
-    wants_stream: bool,
-    include_usage: bool,
-) -> Response {
+pub async fn respond(d: &Delivery, fp: &Fingerprint, asked: Asked<'_>) -> Response {
     let mut resp = match &d.source {
-        Source::Live(flight) if wants_stream && flight_streams(flight).await => {
-            live_response(flight.clone(), include_usage)
-        }
-        _ => render(&*d.answer().await, wants_stream, include_usage),
+        Source::Live(flight) if asked.stream() && flight_streams(flight).await => match asked {
+            Asked::Chat { include_usage, .. } => live_response(flight.clone(), include_usage),
+            _ => match faces::live_response(asked, fp, flight.clone()) {
+                Some(r) => r,
+                None => render(&*d.answer().await, asked, fp),
+            },
+        },
+        _ => render(&*d.answer().await, asked, fp),
     };
     let answer = match &d.source {
         Source::Done(a) => Some(a.clone()),
@@ -453,12 +694,34 @@ pub fn decorate(h: &mut HeaderMap, outcome: Outcome, fp: &Fingerprint, answer: O
     }
 }
 
-/// A finished answer in the requested form.
-pub fn render(answer: &Answer, wants_stream: bool, include_usage: bool) -> Response {
+/// A finished answer in the form and shape the asker wants.
+pub fn render(answer: &Answer, asked: Asked<'_>, fp: &Fingerprint) -> Response {
     if !answer.is_success() {
-        // Errors are JSON whatever the client asked for, as OpenAI does.
+        // Errors are JSON whatever the client asked for, as OpenAI does
+        // (the Messages face gives them Anthropic's shape on the way out).
         return json_response(answer.body.clone(), answer.status, answer.retry_after);
     }
+    let Asked::Chat {
+        stream: wants_stream,
+        include_usage,
+    } = asked
+    else {
+        return faces::render_success(asked, fp, answer).unwrap_or_else(|| {
+            json_response(
+                Bytes::from(
+                    crate::answer::error_body(
+                        "the upstream answer is not a chat completion",
+                        "upstream_error",
+                        "bad_upstream_answer",
+                        None,
+                    )
+                    .to_string(),
+                ),
+                StatusCode::BAD_GATEWAY,
+                None,
+            )
+        });
+    };
     if wants_stream {
         return sse_response(Body::from(answer.stream_body(include_usage)));
     }
@@ -550,7 +813,8 @@ fn concat(chunks: Vec<Bytes>) -> Bytes {
 }
 
 /// `GET /v1/models`: the routes' public model names, each with the
-/// endpoints it serves (`chat.completions`, `embeddings`).
+/// endpoints it serves (`chat.completions`, `messages`, `responses`,
+/// `embeddings`).
 pub async fn models(caller: Caller) -> Result<Json<serde_json::Value>, ApiError> {
     caller.tenant()?;
     let data: Vec<_> = caller
@@ -558,8 +822,12 @@ pub async fn models(caller: Caller) -> Result<Json<serde_json::Value>, ApiError>
         .routes
         .iter()
         .map(|r| {
+            // The Messages and Responses faces run the chat path: a route
+            // that serves chat completions serves them too.
             let endpoints: Vec<&str> = [
                 (Endpoint::Chat, "chat.completions"),
+                (Endpoint::Chat, "messages"),
+                (Endpoint::Chat, "responses"),
                 (Endpoint::Embeddings, "embeddings"),
             ]
             .into_iter()
@@ -591,7 +859,7 @@ mod tests {
     #[test]
     fn a_chat_requests_boxed_future_fits_in_1024_bytes() {
         let boxed = future_size(&|app: AppState, req: Request| {
-            chat_completions(app, req).map(|r| r.unwrap_or_else(refusal_response))
+            chat_completions(app, req, Face::Chat).map(|r| r.unwrap_or_else(refusal_response))
         });
         assert!(boxed <= 1024, "the chat handler's future is {boxed} bytes");
     }

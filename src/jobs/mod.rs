@@ -102,25 +102,33 @@ pub trait JobEnv: Send + Sync + 'static {
 /// A shared handle on the gateway for the job workers.
 pub type Env = Arc<dyn JobEnv>;
 
+/// What a job-creating request wants done: the request its attempts send,
+/// its fingerprint, the face it came in by (None: chat completions or the
+/// jobs API) and the job's metadata.
+#[derive(Clone, Copy)]
+pub struct Intent<'a> {
+    pub request: &'a Map<String, Value>,
+    pub fp: &'a Fingerprint,
+    pub face: Option<&'a Value>,
+    pub metadata: Option<&'a Value>,
+}
+
 /// The payload hash: the fingerprint rules without text normalization
-/// (docs/design.md, "Jobs and attempts"), plus the job's metadata. Two requests are the same
-/// intent only if this matches.
-pub fn payload_hash(
-    tenant: &str,
-    route: &Route,
-    request: &Map<String, Value>,
-    metadata: Option<&Value>,
-) -> String {
+/// (docs/design.md, "Jobs and attempts"), with the face the request came
+/// in by, plus the job's metadata. Two requests are the same intent only if
+/// this matches.
+pub fn payload_hash(tenant: &str, route: &Route, intent: &Intent) -> String {
     // Without text normalization: "Refund order 45" and "refund order 45"
     // may share an answer, never a job.
     let rules = Rules {
         normalize: crate::config::Normalize::None,
+        face: intent.face,
         ..route.rules(tenant)
     };
-    let fp = fingerprint::fingerprint(request, None, &rules);
+    let fp = fingerprint::fingerprint(intent.request, None, &rules);
     let mut hasher = blake3::Hasher::new();
     hasher.update(fp.as_bytes());
-    if let Some(m) = metadata {
+    if let Some(m) = intent.metadata {
         // Writing into a hasher cannot fail.
         let _ = fingerprint::write_canonical(m, &mut hasher);
     }
@@ -159,12 +167,16 @@ impl Jobs {
         &self,
         tenant: &str,
         route: &Route,
-        request: &Map<String, Value>,
-        fp: &Fingerprint,
-        metadata: Option<&Value>,
+        intent: Intent<'_>,
         key: &str,
     ) -> Result<CreatedJob, JobError> {
-        let hash = payload_hash(tenant, route, request, metadata);
+        let hash = payload_hash(tenant, route, &intent);
+        let Intent {
+            request,
+            fp,
+            metadata,
+            ..
+        } = intent;
         let new = NewJob {
             id: uuid::Uuid::now_v7().to_string(),
             tenant: tenant.to_string(),

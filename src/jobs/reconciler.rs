@@ -74,6 +74,9 @@ pub async fn once(app: &Env) {
     if let Err(e) = store.purge(now.saturating_sub(retention)).await {
         tracing::warn!(error = %e, "cannot purge old jobs");
     }
+    if let Err(e) = store.purge_responses(now.saturating_sub(retention)).await {
+        tracing::warn!(error = %e, "cannot purge old stored responses");
+    }
     match store.unknown_attempts().await {
         Ok(list) => app.metrics().jobs_unknown.set(list.len() as f64),
         Err(e) => tracing::warn!(error = %e, "cannot count unknown attempts"),

@@ -315,6 +315,19 @@ pub struct Certification {
     pub certified_at: i64,
 }
 
+/// A response kept for its tenant.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredResponse {
+    pub tenant: String,
+    pub id: String,
+    /// JSON text: the `response` object as the client got it.
+    pub body: String,
+    /// JSON text: the conversation up to and including this answer, as
+    /// chat messages, oldest first.
+    pub turns: String,
+    pub created_at: i64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Sqlite,
@@ -503,6 +516,19 @@ pub trait Store: Send + Sync + 'static {
     async fn purge(&self, created_before: i64) -> Result<u64>;
 
     async fn record_certification(&self, c: &Certification) -> Result<()>;
+
+    /// Keeps a response (`store: true` on `POST /v1/responses`). The same
+    /// tenant and id again is the same answer: the first one written stays.
+    async fn put_response(&self, r: &StoredResponse) -> Result<()>;
+
+    /// A tenant's kept response; another tenant's is `None`.
+    async fn response(&self, tenant: &str, id: &str) -> Result<Option<StoredResponse>>;
+
+    /// Deletes a tenant's kept response; false when it had none by that id.
+    async fn delete_response(&self, tenant: &str, id: &str) -> Result<bool>;
+
+    /// Deletes the responses kept before `created_before`. Returns how many.
+    async fn purge_responses(&self, created_before: i64) -> Result<u64>;
 
     /// The latest certification of each (provider, model) for a route.
     async fn certifications(&self, route: &str) -> Result<Vec<Certification>>;

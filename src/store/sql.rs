@@ -26,6 +26,7 @@ use super::rows::{self, AttemptRow, CertificationRow, JobRow};
 use super::{
     AttemptRecord, AttemptResult, AttemptState, Backend, Certification, Completion, Created,
     Cursor, JobRecord, JobState, NewAttempt, NewJob, Result, StartAttempt, Store, StoreError,
+    StoredResponse,
 };
 
 /// What one database does differently; everything else is shared.
@@ -178,6 +179,7 @@ where
     for<'r> JobRow: FromRow<'r, Row<D>>,
     for<'r> AttemptRow: FromRow<'r, Row<D>>,
     for<'r> CertificationRow: FromRow<'r, Row<D>>,
+    for<'r> StoredResponse: FromRow<'r, Row<D>>,
     for<'r> (String,): FromRow<'r, Row<D>>,
     for<'r> (String, i64): FromRow<'r, Row<D>>,
     for<'r> (i64, i64): FromRow<'r, Row<D>>,
@@ -796,5 +798,47 @@ where
         .fetch_all(self.reader())
         .await?;
         Ok(rows.into_iter().map(Certification::from).collect())
+    }
+
+    async fn put_response(&self, r: &StoredResponse) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO responses (tenant, id, body, turns, created_at) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (tenant, id) DO NOTHING",
+        )
+        .bind(r.tenant.as_str())
+        .bind(r.id.as_str())
+        .bind(r.body.as_str())
+        .bind(r.turns.as_str())
+        .bind(r.created_at)
+        .execute(self.writer())
+        .await?;
+        Ok(())
+    }
+
+    async fn response(&self, tenant: &str, id: &str) -> Result<Option<StoredResponse>> {
+        Ok(sqlx::query_as(
+            "SELECT tenant, id, body, turns, created_at FROM responses WHERE tenant = $1 AND id = $2",
+        )
+        .bind(tenant)
+        .bind(id)
+        .fetch_optional(self.reader())
+        .await?)
+    }
+
+    async fn delete_response(&self, tenant: &str, id: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM responses WHERE tenant = $1 AND id = $2")
+            .bind(tenant)
+            .bind(id)
+            .execute(self.writer())
+            .await?;
+        Ok(D::rows_affected(&done) > 0)
+    }
+
+    async fn purge_responses(&self, created_before: i64) -> Result<u64> {
+        let done = sqlx::query("DELETE FROM responses WHERE created_at < $1")
+            .bind(created_before)
+            .execute(self.writer())
+            .await?;
+        Ok(D::rows_affected(&done))
     }
 }

@@ -19,7 +19,7 @@ use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 use super::{
     AttemptRecord, AttemptResult, AttemptState, Backend, Certification, Completion, Created,
-    Cursor, JobRecord, JobState, NewAttempt, NewJob, StartAttempt, Store,
+    Cursor, JobRecord, JobState, NewAttempt, NewJob, StartAttempt, Store, StoredResponse,
 };
 
 // ---------------------------------------------------------------------------
@@ -192,6 +192,7 @@ store_tests!(
     start_attempts_concurrent_batches,
     complete_all_batch_each_as_if_alone,
     complete_all_concurrent_one_winner_per_job,
+    responses_are_kept_per_tenant,
 );
 
 // ---------------------------------------------------------------------------
@@ -1774,4 +1775,38 @@ async fn sqlite_reopen_keeps_data() {
     drop(s);
     scratch.remove().await;
     assert_eq!(found.unwrap().map(|j| j.id), Some(id));
+}
+
+async fn responses_are_kept_per_tenant(s: Arc<dyn Store>) {
+    let kept = |tenant: &str, id: &str, body: &str, at: i64| StoredResponse {
+        tenant: tenant.into(),
+        id: id.into(),
+        body: body.into(),
+        turns: "[]".into(),
+        created_at: at,
+    };
+    let first = kept("t1", "resp_a", r#"{"n":1}"#, T0);
+    s.put_response(&first).await.unwrap();
+    // The same id again is the same answer: the first write stays.
+    s.put_response(&kept("t1", "resp_a", r#"{"n":2}"#, T0 + 1))
+        .await
+        .unwrap();
+    assert_eq!(s.response("t1", "resp_a").await.unwrap(), Some(first));
+    // Another tenant sees nothing by that id, and may keep its own.
+    assert_eq!(s.response("t2", "resp_a").await.unwrap(), None);
+    assert!(!s.delete_response("t2", "resp_a").await.unwrap());
+    let theirs = kept("t2", "resp_a", r#"{"n":3}"#, T0 + 10);
+    s.put_response(&theirs).await.unwrap();
+    assert_eq!(s.response("t2", "resp_a").await.unwrap(), Some(theirs));
+
+    assert!(s.delete_response("t1", "resp_a").await.unwrap());
+    assert!(!s.delete_response("t1", "resp_a").await.unwrap());
+    assert_eq!(s.response("t1", "resp_a").await.unwrap(), None);
+
+    s.put_response(&kept("t1", "resp_old", "{}", T0))
+        .await
+        .unwrap();
+    assert_eq!(s.purge_responses(T0 + 5).await.unwrap(), 1);
+    assert_eq!(s.response("t1", "resp_old").await.unwrap(), None);
+    assert!(s.response("t2", "resp_a").await.unwrap().is_some());
 }

@@ -366,8 +366,13 @@ impl Core {
             Some(Source::Live(flight)) if !flight.is_done() => {
                 let head_latency = line.started.elapsed();
                 let (tenant, route) = (tenant.clone(), route.clone());
-                let (fp, outcome, status, started) =
-                    (line.fp, line.outcome, line.status, line.started);
+                let (fp, outcome, status, started, endpoint) = (
+                    line.fp,
+                    line.outcome,
+                    line.status,
+                    line.started,
+                    line.endpoint,
+                );
                 let reqlog = self.reqlog.clone();
                 let (metrics, priced) = (self.metrics.clone(), f.priced.cloned());
                 let trace = f.trace.cloned();
@@ -391,6 +396,7 @@ impl Core {
                         account(&metrics, &tenant, &route, saver, a, priced.as_deref())
                     });
                     let mut entry = Entry::new(&tenant, &route, &fp, outcome, status, started)
+                        .endpoint(endpoint)
                         .answer(answer.as_deref())
                         .body_if(logged.as_deref())
                         .cost(cost);
@@ -437,6 +443,7 @@ impl Core {
                     line.status,
                     line.started,
                 )
+                .endpoint(line.endpoint)
                 .answer(answer.as_deref())
                 .body_if(logged.as_deref())
                 .usage(line.usage)
@@ -624,6 +631,9 @@ pub struct Items<'a> {
 /// A request-log line's parts.
 pub struct Line<'a> {
     pub fp: Fingerprint,
+    /// The endpoint the request came in by (`chat`, `messages`,
+    /// `responses`, `embeddings`, `jobs`): the log's `endpoint`.
+    pub endpoint: &'static str,
     /// The log's `outcome`: an [`Outcome`] or [`Refusal`] name, or on the
     /// jobs API `created`.
     pub outcome: &'static str,

@@ -820,3 +820,109 @@ fn analyze_prints_the_saved_cost_of_a_known_log_exactly() {
     assert_eq!(v["simulation"]["unpriced_saves"], 0, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every face's requests are logged with their `endpoint`, and `idem
+/// analyze` reads them all and reports each endpoint apart.
+#[tokio::test]
+async fn analyze_reports_each_face_of_a_real_log() {
+    let dir = temp_dir();
+    let path = dir.join("requests.jsonl");
+    let spec = Spec {
+        route: "endpoints = [\"chat\", \"embeddings\"]\n".into(),
+        ..Spec::default()
+    };
+    let gw = gateway_logging_with(&spec, &path, false).await;
+    let post = |url: String, body: Value| async move {
+        let r = client()
+            .post(url)
+            .bearer_auth(ACME)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    };
+    // Chat twice (a leader, then a cache hit), Messages three times, the
+    // Responses API once, embeddings once: the same question each time.
+    for _ in 0..2 {
+        post(
+            format!("{}/v1/chat/completions", gw.base),
+            chat_body("same"),
+        )
+        .await;
+    }
+    let message = json!({"model": "bot", "max_tokens": 64, "messages": [{"role": "user", "content": "same"}]});
+    for _ in 0..3 {
+        post(format!("{}/v1/messages", gw.base), message.clone()).await;
+    }
+    post(
+        format!("{}/v1/responses", gw.base),
+        json!({"model": "bot", "input": "same", "store": false}),
+    )
+    .await;
+    post(
+        format!("{}/v1/embeddings", gw.base),
+        json!({"model": "bot", "input": "same"}),
+    )
+    .await;
+    let lines = log_lines(&path, 7).await;
+    let endpoints: Vec<&str> = lines
+        .iter()
+        .map(|l| l["endpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        endpoints,
+        [
+            "chat",
+            "chat",
+            "messages",
+            "messages",
+            "messages",
+            "responses",
+            "embeddings"
+        ]
+    );
+    gw.stop().await;
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["analyze", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests"], 7, "{v}");
+    // Three faces of one question are three tasks, not one.
+    assert_eq!(v["distinct_tasks"], 4, "{v}");
+    let e = &v["endpoints"];
+    assert_eq!(
+        e["chat"],
+        json!({"requests": 2, "distinct_tasks": 1, "saved": 1}),
+        "{v}"
+    );
+    assert_eq!(
+        e["messages"],
+        json!({"requests": 3, "distinct_tasks": 1, "saved": 2}),
+        "{v}"
+    );
+    assert_eq!(
+        e["responses"],
+        json!({"requests": 1, "distinct_tasks": 1, "saved": 0}),
+        "{v}"
+    );
+    assert_eq!(e["embeddings"]["requests"], 1, "{v}");
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("analyze")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("By endpoint"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("messages")
+                && l.split_whitespace().nth(1) == Some("3")),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -754,3 +754,63 @@ async fn the_admin_endpoints_need_the_admin_key() {
         .await;
     assert_error(r, 400, "cannot_certify").await;
 }
+
+/// The Messages and Responses faces run the same contract: an answer that
+/// breaks it is a failed attempt and an error in the face's shape, never a
+/// success; a failed primary fails over to the certified fallback.
+#[tokio::test]
+async fn each_face_gets_contract_checks_and_certified_failover() {
+    use crate::faces::Face;
+    for face in [Face::Messages, Face::Responses] {
+        // A primary whose answers break the contract; a fallback that keeps
+        // it, certified.
+        let app = TestApp::with(contracted(
+            &example(),
+            answering(EXTRA_KEY),
+            answering(GOOD),
+        ))
+        .await;
+        // Before certification: a plain request gets the violation.
+        let r = app
+            .ask(face, ACME, &face.body("Where is my order 1234?"), &[])
+            .await;
+        assert_eq!(r.status(), 502, "{face:?}");
+        let v: Value = r.json().await.unwrap();
+        let kind = face.error_kind(&v);
+        if face == Face::Responses {
+            assert_eq!(kind, "contract_violation");
+        }
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("contract"), "{v}");
+        assert_eq!(
+            fallback_calls(&app),
+            0,
+            "no failover to an uncertified target"
+        );
+
+        let v = certify(&app, "bot", "fallback").await;
+        assert_eq!(v["passed"], true, "{v}");
+        // A job through the face: attempt 1 breaks the contract on the
+        // primary, attempt 2 succeeds on the certified fallback.
+        let r = app
+            .ask(
+                face,
+                ACME,
+                &face.body("Where is parcel 77?"),
+                &[("idempotency-key", "contract-1")],
+            )
+            .await;
+        assert_eq!(r.status(), 200, "{face:?}");
+        assert_eq!(r.headers()["idem-provider"], "fallback");
+        assert_eq!(r.headers()["idem-attempt"], "2");
+        let id = r.headers()["idem-job-id"].to_str().unwrap().to_string();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(face.text(&v), GOOD, "{v}");
+        let (_, j) = app.get_json(ACME, &format!("/v1/jobs/{id}")).await;
+        assert_eq!(j["attempts"][0]["state"], "failed", "{j}");
+        assert_eq!(j["attempts"][0]["reason"], "contract_violation", "{j}");
+        assert_eq!(j["attempts"][1]["provider"], "fallback", "{j}");
+        assert_eq!(j["attempts"][1]["state"], "succeeded", "{j}");
+        app.stop().await;
+    }
+}

@@ -435,8 +435,14 @@ async fn what_openai_refuses_never_goes_upstream_and_routes_say_what_they_serve(
             .map(|m| m["endpoints"].clone())
             .unwrap()
     };
-    assert_eq!(endpoints("bot"), json!(["chat.completions", "embeddings"]));
-    assert_eq!(endpoints("chat-only"), json!(["chat.completions"]));
+    assert_eq!(
+        endpoints("bot"),
+        json!(["chat.completions", "messages", "responses", "embeddings"])
+    );
+    assert_eq!(
+        endpoints("chat-only"),
+        json!(["chat.completions", "messages", "responses"])
+    );
     let (_, stats) = app.get_json(ACME, "/v1/stats").await;
     assert_eq!(stats["coalescing"]["rejected"], 8, "{stats}");
 }

@@ -546,11 +546,22 @@ pub async fn wave(
     body: &Value,
     n: usize,
 ) -> Vec<tokio::task::JoinHandle<(u16, String, String)>> {
+    wave_at(app, "/v1/chat/completions", key, body, n).await
+}
+
+/// [`wave`] at another endpoint of the chat path.
+pub async fn wave_at(
+    app: &TestApp,
+    path: &str,
+    key: &str,
+    body: &Value,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<(u16, String, String)>> {
     (0..n)
         .map(|_| {
             let (client, url, key, body) = (
                 app.client.clone(),
-                app.url("/v1/chat/completions"),
+                app.url(path),
                 key.to_string(),
                 body.clone(),
             );

@@ -13,6 +13,7 @@ mod coalescing;
 mod contracts;
 mod dashboard;
 mod embeddings;
+mod faces;
 mod garbage;
 mod gateway;
 mod helpers;

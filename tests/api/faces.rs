@@ -1,0 +1,652 @@
+//! The faces of the chat path (docs/design.md, "Faces"): Anthropic's
+//! Messages API (`POST /v1/messages`) and OpenAI's Responses API (`POST
+//! /v1/responses`) on the same core as chat completions, against both of
+//! the mock's faces (an OpenAI-compatible target and an Anthropic one):
+//! waves coalesce, tenants stay apart, failures are shared and not
+//! re-attacked, `Idempotency-Key` makes a job, a timeout is `unknown`, a
+//! contract violation is a failed attempt with certified failover, and the
+//! same question through two faces is two tasks.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use idem::config::ProviderKind;
+use idem::mock_upstream::Behaviour;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// A face under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Face {
+    Messages,
+    Responses,
+}
+
+impl Face {
+    pub fn path(self) -> &'static str {
+        match self {
+            Face::Messages => "/v1/messages",
+            Face::Responses => "/v1/responses",
+        }
+    }
+
+    /// A request asking `content` of route `bot`.
+    pub fn body(self, content: &str) -> Value {
+        match self {
+            Face::Messages => json!({"model": "bot", "max_tokens": 256,
+                "messages": [{"role": "user", "content": content}]}),
+            Face::Responses => json!({"model": "bot", "input": content, "store": false}),
+        }
+    }
+
+    pub fn streamed(self, content: &str) -> Value {
+        let mut b = self.body(content);
+        b["stream"] = json!(true);
+        b
+    }
+
+    /// The answer's text, from a plain answer of this face.
+    pub fn text(self, v: &Value) -> String {
+        match self {
+            Face::Messages => {
+                assert_eq!(v["type"], "message", "{v}");
+                assert_eq!(v["role"], "assistant", "{v}");
+                v["content"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|b| b["type"] == "text")
+                    .map(|b| b["text"].as_str().unwrap())
+                    .collect()
+            }
+            Face::Responses => {
+                assert_eq!(v["object"], "response", "{v}");
+                v["output"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|i| i["type"] == "message")
+                    .flat_map(|i| i["content"].as_array().unwrap())
+                    .filter(|p| p["type"] == "output_text")
+                    .map(|p| p["text"].as_str().unwrap())
+                    .collect()
+            }
+        }
+    }
+
+    /// The answer's text, from a stream of this face (checked whole).
+    pub fn stream_text(self, text: &str) -> String {
+        let events = events(text);
+        let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+        match self {
+            Face::Messages => {
+                assert_eq!(kinds.first(), Some(&"message_start"), "{text}");
+                assert_eq!(kinds.last(), Some(&"message_stop"), "{text}");
+                assert!(kinds.contains(&"message_delta"), "{text}");
+                events
+                    .iter()
+                    .filter(|(k, v)| {
+                        k == "content_block_delta" && v["delta"]["type"] == "text_delta"
+                    })
+                    .map(|(_, v)| v["delta"]["text"].as_str().unwrap().to_string())
+                    .collect()
+            }
+            Face::Responses => {
+                assert_eq!(kinds.first(), Some(&"response.created"), "{text}");
+                assert_eq!(kinds.last(), Some(&"response.completed"), "{text}");
+                for (i, (k, v)) in events.iter().enumerate() {
+                    assert_eq!(v["type"], k.as_str(), "{text}");
+                    assert_eq!(v["sequence_number"], i, "{text}");
+                }
+                let streamed: String = events
+                    .iter()
+                    .filter(|(k, _)| k == "response.output_text.delta")
+                    .map(|(_, v)| v["delta"].as_str().unwrap().to_string())
+                    .collect();
+                let (_, done) = events.last().unwrap();
+                assert_eq!(self.text(&done["response"]), streamed, "{text}");
+                streamed
+            }
+        }
+    }
+
+    /// An error body of this face: its kind (Anthropic's `error.type`,
+    /// OpenAI's `error.code`).
+    pub fn error_kind(self, v: &Value) -> String {
+        match self {
+            Face::Messages => {
+                assert_eq!(v["type"], "error", "{v}");
+                assert!(v["error"]["message"].is_string(), "{v}");
+                v["error"]["type"].as_str().unwrap().to_string()
+            }
+            Face::Responses => {
+                assert!(v["error"]["message"].is_string(), "{v}");
+                v["error"]["code"].as_str().unwrap_or_default().to_string()
+            }
+        }
+    }
+}
+
+/// The events of an SSE body with `event:` lines: (type, data).
+pub fn events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let mut kind = String::new();
+            let mut data = String::new();
+            for line in e.lines() {
+                if let Some(k) = line.strip_prefix("event: ") {
+                    kind = k.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data.push_str(d);
+                }
+            }
+            let v: Value = serde_json::from_str(&data)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {data}\nin {text}"));
+            (kind, v)
+        })
+        .collect()
+}
+
+impl TestApp {
+    /// A request at `face` as tenant `key`, with extra headers.
+    pub async fn ask(
+        &self,
+        face: Face,
+        key: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
+        self.post_json(key, face.path(), body, headers).await
+    }
+}
+
+/// Runs a test once per face and provider kind.
+macro_rules! each_face {
+    ($(#[$attr:meta])* async fn $name:ident($face:ident, $kind:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            async fn run($face: Face, $kind: ProviderKind) $body
+
+            $(#[$attr])*
+            async fn messages_to_openai() {
+                run(Face::Messages, ProviderKind::Openai).await
+            }
+
+            $(#[$attr])*
+            async fn messages_to_anthropic() {
+                run(Face::Messages, ProviderKind::Anthropic).await
+            }
+
+            $(#[$attr])*
+            async fn responses_to_openai() {
+                run(Face::Responses, ProviderKind::Openai).await
+            }
+
+            $(#[$attr])*
+            async fn responses_to_anthropic() {
+                run(Face::Responses, ProviderKind::Anthropic).await
+            }
+        }
+    };
+}
+
+each_face! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_wave_of_500_makes_one_call_and_another_tenant_its_own(face, kind) {
+        let app = TestApp::with(Spec {
+            primary_kind: kind,
+            ..holding()
+        })
+        .await;
+        let body = face.body("Where is my order?");
+        let tasks = wave_at(&app, face.path(), ACME, &body, 500).await;
+        held(&app.mock, 1).await;
+        app.until_followers(499).await;
+        release(&app.mock, None).await;
+        let results = collect(tasks).await;
+        assert_eq!(app.calls(), 1, "a wave of 500 made more than one call");
+        assert!(results.iter().all(|(s, _, _)| *s == 200), "{:?}", results[0]);
+        let bodies: HashSet<&str> = results.iter().map(|(_, _, b)| b.as_str()).collect();
+        assert_eq!(bodies.len(), 1, "followers got different answers");
+        let outcomes = count_by(&results, |(_, o, _)| o.clone());
+        assert_eq!(outcomes.get("leader"), Some(&1));
+        assert_eq!(outcomes.get("follower"), Some(&499));
+        let first: Value = serde_json::from_str(&results[0].2).unwrap();
+        assert_eq!(face.text(&first), "mock answer #1 to: Where is my order?");
+
+        // The next wave is answered from the cache, plain and streamed.
+        let results = collect(wave_at(&app, face.path(), ACME, &body, 100).await).await;
+        assert!(results.iter().all(|(s, o, b)| *s == 200 && o == "cache-hit" && bodies.contains(b.as_str())));
+        let r = app.ask(face, ACME, &face.streamed("Where is my order?"), &[]).await;
+        assert_eq!(r.headers()["idem-outcome"], "cache-hit");
+        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        assert_eq!(face.stream_text(&r.text().await.unwrap()), "mock answer #1 to: Where is my order?");
+        assert_eq!(app.calls(), 1);
+
+        // Another tenant: its own call, never the first tenant's answer.
+        let theirs = wave_at(&app, face.path(), BETA, &body, 1).await;
+        held(&app.mock, 1).await;
+        release(&app.mock, None).await;
+        let (status, outcome, _) = collect(theirs).await.remove(0);
+        assert_eq!((status, outcome.as_str()), (200, "leader"));
+        assert_eq!(app.calls(), 2);
+    }
+}
+
+each_face! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn streamed_and_plain_followers_of_a_streaming_leader_get_their_own_shape(face, kind) {
+        let app = TestApp::with(Spec {
+            primary_kind: kind,
+            ..holding()
+        })
+        .await;
+        let leader = {
+            let (client, url, body) = (app.client.clone(), app.url(face.path()), face.streamed("Summarise this"));
+            tokio::spawn(async move {
+                let r = client.post(url).bearer_auth(ACME).json(&body).send().await.unwrap();
+                (r.headers()["idem-outcome"].to_str().unwrap().to_string(), r.text().await.unwrap())
+            })
+        };
+        held(&app.mock, 1).await;
+        let streamed = wave_at(&app, face.path(), ACME, &face.streamed("Summarise this"), 20).await;
+        let plain = wave_at(&app, face.path(), ACME, &face.body("Summarise this"), 20).await;
+        app.until_followers(40).await;
+        release(&app.mock, None).await;
+        let (outcome, text) = leader.await.unwrap();
+        assert_eq!(outcome, "leader");
+        let expected = "mock answer #1 to: Summarise this";
+        assert_eq!(face.stream_text(&text), expected);
+        for (status, outcome, text) in collect(streamed).await {
+            assert_eq!((status, outcome.as_str()), (200, "follower"));
+            assert_eq!(face.stream_text(&text), expected);
+        }
+        for (status, outcome, text) in collect(plain).await {
+            assert_eq!((status, outcome.as_str()), (200, "follower"));
+            assert_eq!(face.text(&serde_json::from_str(&text).unwrap()), expected);
+        }
+        assert_eq!(app.calls(), 1);
+    }
+}
+
+each_face! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_failing_provider_is_shared_with_followers_and_not_re_attacked(face, kind) {
+        let app = TestApp::with(Spec {
+            primary: Behaviour {
+                hold: true,
+                fail_status: Some(500),
+                ..Behaviour::default()
+            },
+            cache: "server_error_ttl = \"30s\"\n".into(),
+            primary_kind: kind,
+            ..Spec::default()
+        })
+        .await;
+        let body = face.body("Is the service up?");
+        let tasks = wave_at(&app, face.path(), ACME, &body, 100).await;
+        held(&app.mock, 1).await;
+        app.until_followers(99).await;
+        release(&app.mock, None).await;
+        let results = collect(tasks).await;
+        assert_eq!(app.calls(), 1);
+        let first = &results[0].2;
+        for (status, _, b) in &results {
+            assert_eq!(*status, 500);
+            assert_eq!(b, first, "a follower got another error than its leader");
+        }
+        let v: Value = serde_json::from_str(first).unwrap();
+        let kind = face.error_kind(&v);
+        if face == Face::Messages {
+            assert_eq!(kind, "api_error");
+        }
+        // A new wave: the negative cache answers, nobody calls.
+        let results = collect(wave_at(&app, face.path(), ACME, &body, 50).await).await;
+        assert!(results.iter().all(|(s, o, _)| *s == 500 && o == "negative-hit"));
+        assert_eq!(app.calls(), 1, "waiters re-attacked a failing provider");
+    }
+}
+
+each_face! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_idempotency_key_double_click_is_one_job_and_another_payload_409(face, kind) {
+        let app = TestApp::with(Spec {
+            primary_kind: kind,
+            ..holding()
+        })
+        .await;
+        let body = face.body("Refund order 45");
+        let key = [("idempotency-key", "refund-45")];
+        let clicks: Vec<_> = (0..2)
+            .map(|_| {
+                let (client, url, body) = (app.client.clone(), app.url(face.path()), body.clone());
+                tokio::spawn(async move {
+                    let r = client
+                        .post(url)
+                        .bearer_auth(ACME)
+                        .header("idempotency-key", "refund-45")
+                        .json(&body)
+                        .send()
+                        .await
+                        .unwrap();
+                    let job = r.headers()["idem-job-id"].to_str().unwrap().to_string();
+                    (r.status().as_u16(), job, r.text().await.unwrap())
+                })
+            })
+            .collect();
+        held(&app.mock, 1).await;
+        release(&app.mock, None).await;
+        let results = collect(clicks).await;
+        assert_eq!(results[0].1, results[1].1, "two jobs for one key");
+        for (status, _, text) in &results {
+            assert_eq!(*status, 200, "{text}");
+            let v: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(face.text(&v), "mock answer #1 to: Refund order 45");
+        }
+        assert_eq!(app.calls(), 1);
+        let (_, jobs) = app.get_json(ACME, "/v1/jobs").await;
+        assert_eq!(jobs["data"].as_array().unwrap().len(), 1, "{jobs}");
+
+        // A third click later replays; the same key with another payload
+        // is a conflict.
+        let r = app.ask(face, ACME, &body, &key).await;
+        assert_eq!(r.headers()["idempotent-replayed"], "true");
+        let r = app.ask(face, ACME, &face.body("Refund order 46"), &key).await;
+        assert_eq!(r.status(), 409);
+        let v: Value = r.json().await.unwrap();
+        let kind = face.error_kind(&v);
+        if face == Face::Responses {
+            assert_eq!(kind, "idempotency_key_reused");
+        }
+        // The same key and question through chat completions is another
+        // payload too: the face is part of the intent.
+        let r = app.chat_with(ACME, &chat_body("Refund order 45"), &key).await;
+        assert_error(r, 409, "idempotency_key_reused").await;
+        assert_eq!(app.calls(), 1);
+    }
+}
+
+each_face! {
+    #[tokio::test]
+    async fn a_timeout_is_unknown_and_the_key_makes_no_new_attempt(face, kind) {
+        let app = TestApp::with(Spec {
+            primary: Behaviour {
+                hang: true,
+                ..Behaviour::default()
+            },
+            provider_timeout: "3s".into(),
+            attempts: "timeout = \"300ms\"\nmax = 3\n".into(),
+            server: "request_timeout = \"1s\"\n".into(),
+            primary_kind: kind,
+            ..Spec::default()
+        })
+        .await;
+        let body = face.body("will hang");
+        let key = [("idempotency-key", "slow-1")];
+        let r = app.ask(face, ACME, &body, &key).await;
+        // Not done within the request's time: 504, and the job's id to
+        // follow it by.
+        let id = r.headers()["idem-job-id"].to_str().unwrap().to_string();
+        assert_eq!(r.status(), 504);
+        let v: Value = r.json().await.unwrap();
+        let kind = face.error_kind(&v);
+        if face == Face::Messages {
+            assert_eq!(kind, "timeout_error");
+        }
+        let mut job = Value::Null;
+        for _ in 0..500 {
+            job = app.get_json(ACME, &format!("/v1/jobs/{id}")).await.1;
+            if job["attempts"][0]["state"] == "unknown" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(job["attempts"][0]["state"], "unknown", "{job}");
+        assert_eq!(job["attempts"][0]["reason"], "timeout", "{job}");
+        assert_eq!(job["state"], "running", "an unknown attempt holds the job");
+        // Asking again with the key makes no new attempt.
+        let r = app.ask(face, ACME, &body, &key).await;
+        assert_eq!(r.status(), 504);
+        assert_eq!(r.headers()["idem-job-id"].to_str().unwrap(), id);
+        let job = app.get_json(ACME, &format!("/v1/jobs/{id}")).await.1;
+        assert_eq!(job["attempts"].as_array().unwrap().len(), 1, "{job}");
+        assert_eq!(app.calls(), 1);
+    }
+}
+
+/// The same question through chat completions, Messages and Responses is
+/// three tasks (three answer shapes); through one face, one.
+#[tokio::test]
+async fn the_same_question_through_two_faces_is_two_tasks() {
+    let app = TestApp::spawn().await;
+    let fps: Vec<String> = {
+        let mut fps = Vec::new();
+        let r = app.chat(ACME, &chat_body("What is idem?")).await;
+        assert_eq!(r.status(), 200);
+        fps.push(
+            r.headers()["idem-fingerprint"]
+                .to_str()
+                .unwrap()
+                .to_string(),
+        );
+        for face in [Face::Messages, Face::Responses] {
+            let r = app.ask(face, ACME, &face.body("What is idem?"), &[]).await;
+            assert_eq!(r.status(), 200);
+            assert_eq!(r.headers()["idem-outcome"], "leader");
+            fps.push(
+                r.headers()["idem-fingerprint"]
+                    .to_str()
+                    .unwrap()
+                    .to_string(),
+            );
+            let again = app.ask(face, ACME, &face.body("What is idem?"), &[]).await;
+            assert_eq!(again.headers()["idem-outcome"], "cache-hit");
+        }
+        fps
+    };
+    assert_eq!(fps.iter().collect::<HashSet<_>>().len(), 3, "{fps:?}");
+    assert_eq!(app.calls(), 3);
+}
+
+#[tokio::test]
+async fn messages_take_x_api_key_and_answer_errors_in_anthropics_shape() {
+    let app = TestApp::spawn().await;
+    let body = Face::Messages.body("hello");
+    let r = app
+        .client
+        .post(app.url("/v1/messages"))
+        .header("x-api-key", ACME)
+        .header("anthropic-version", "2023-06-01")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(Face::Messages.text(&v), "mock answer #1 to: hello");
+    assert_eq!(v["stop_reason"], "end_turn");
+    assert!(v["id"].as_str().unwrap().starts_with("msg_"), "{v}");
+    assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 0, "{v}");
+
+    let r = app
+        .client
+        .post(app.url("/v1/messages"))
+        .header("x-api-key", "sk-wrong")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        Face::Messages.error_kind(&r.json().await.unwrap()),
+        "authentication_error"
+    );
+    // A request Anthropic would refuse: no max_tokens.
+    let r = app
+        .ask(
+            Face::Messages,
+            ACME,
+            &json!({"model": "bot", "messages": [{"role": "user", "content": "hi"}]}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(Face::Messages.error_kind(&v), "invalid_request_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens"),
+        "{v}"
+    );
+    // An unknown model: Anthropic's not_found_error.
+    let mut other = body.clone();
+    other["model"] = json!("nope");
+    let r = app.ask(Face::Messages, ACME, &other, &[]).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        Face::Messages.error_kind(&r.json().await.unwrap()),
+        "not_found_error"
+    );
+    assert_eq!(app.calls(), 1);
+}
+
+/// `store: true` keeps a response for its tenant: `GET` returns it (a
+/// streamed one too, once whole), `previous_response_id` continues it with
+/// the earlier turns sent upstream, another tenant gets 404 for both, and
+/// `DELETE` removes it.
+#[tokio::test]
+async fn stored_responses_continue_per_tenant() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .ask(
+            Face::Responses,
+            ACME,
+            &json!({"model": "bot", "input": "My name is Ada.", "instructions": "Be brief."}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let first: Value = r.json().await.unwrap();
+    let id = first["id"].as_str().unwrap().to_string();
+    assert_eq!(first["store"], true, "store defaults to true: {first}");
+    let (status, got) = app.get_json(ACME, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(got, first);
+    let (status, _) = app.get_json(BETA, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 404, "another tenant's response");
+
+    // Continued, streamed: the earlier turns go upstream, before the new one.
+    let next = json!({"model": "bot", "input": "What is my name?", "previous_response_id": id, "stream": true});
+    let r = app.ask(Face::Responses, ACME, &next, &[]).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert_eq!(
+        Face::Responses.stream_text(&text),
+        "mock answer #2 to: What is my name?"
+    );
+    let sent = app.mock.stats().last_requests.pop().unwrap().body;
+    let roles: Vec<&str> = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user"], "{sent}");
+    assert_eq!(sent["messages"][0]["content"], "My name is Ada.");
+    assert_eq!(
+        sent["messages"][1]["content"],
+        "mock answer #1 to: My name is Ada."
+    );
+    let (_, done) = events(&text).pop().unwrap();
+    let second = done["response"]["id"].as_str().unwrap().to_string();
+    assert_eq!(done["response"]["previous_response_id"], id.as_str());
+    // The streamed one is kept once whole; it continues in turn.
+    let mut kept = (0, Value::Null);
+    for _ in 0..200 {
+        kept = app.get_json(ACME, &format!("/v1/responses/{second}")).await;
+        if kept.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(kept.0, 200, "the streamed response was not kept");
+    assert_eq!(kept.1, done["response"]);
+
+    // The continuation is part of the task: the same input without it is
+    // another task, and another tenant cannot continue it.
+    let r = app
+        .ask(
+            Face::Responses,
+            ACME,
+            &json!({"model": "bot", "input": "What is my name?"}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.headers()["idem-outcome"], "leader");
+    let r = app
+        .ask(
+            Face::Responses,
+            BETA,
+            &json!({"model": "bot", "input": "go on", "previous_response_id": id}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 404);
+    let calls = app.calls();
+
+    // Deleted: gone for GET and for continuation; a second DELETE is 404.
+    let del = |key: &'static str| {
+        app.client
+            .delete(app.url(&format!("/v1/responses/{id}")))
+            .bearer_auth(key)
+            .send()
+    };
+    assert_eq!(del(BETA).await.unwrap().status(), 404);
+    let r = del(ACME).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v,
+        json!({"id": id, "object": "response.deleted", "deleted": true})
+    );
+    assert_eq!(del(ACME).await.unwrap().status(), 404);
+    let (status, _) = app.get_json(ACME, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 404);
+    let r = app
+        .ask(
+            Face::Responses,
+            ACME,
+            &json!({"model": "bot", "input": "again", "previous_response_id": id}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        app.calls(),
+        calls,
+        "nothing is sent for a missing conversation"
+    );
+    // `store: false` keeps nothing.
+    let r = app
+        .ask(
+            Face::Responses,
+            ACME,
+            &json!({"model": "bot", "input": "forget me", "store": false}),
+            &[],
+        )
+        .await;
+    let v: Value = r.json().await.unwrap();
+    let (status, _) = app
+        .get_json(
+            ACME,
+            &format!("/v1/responses/{}", v["id"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(status, 404);
+}
