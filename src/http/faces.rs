@@ -2,12 +2,13 @@
 //! the shared answer rendered in that shape.
 //!
 //! `POST /v1/chat/completions`, `POST /v1/messages` (Anthropic's Messages
-//! API) and `POST /v1/responses` (OpenAI's Responses API) run the same
-//! path (docs/design.md, "Faces"): the request is translated into a chat
-//! completion request ([`crate::endpoints::messages`],
-//! [`crate::endpoints::responses`]), the face joins the fingerprint, and
-//! the core's answer, a chat completion, is rendered here in the form this
-//! asker wants: plain or streamed, in its face's shape. A live stream is
+//! API) and `POST /v1/responses` (OpenAI's Responses API) run the same path
+//! (docs/design.md, "Endpoints: one core, several faces"): the request is
+//! translated into a chat completion request
+//! ([`crate::endpoints::messages`], [`crate::endpoints::responses`]), the
+//! face joins the fingerprint, and the core's answer, a chat completion, is
+//! rendered here in the form this asker wants: plain or streamed, in its
+//! face's shape. A live stream is
 //! translated chunk by chunk as it arrives, so a streamed Messages or
 //! Responses client sees the leader's tokens as they come.
 

@@ -1,11 +1,12 @@
-//! The faces of the chat path (docs/design.md, "Faces"): Anthropic's
-//! Messages API (`POST /v1/messages`) and OpenAI's Responses API (`POST
-//! /v1/responses`) on the same core as chat completions, against both of
-//! the mock's faces (an OpenAI-compatible target and an Anthropic one):
-//! waves coalesce, tenants stay apart, failures are shared and not
-//! re-attacked, `Idempotency-Key` makes a job, a timeout is `unknown`, a
-//! contract violation is a failed attempt with certified failover, and the
-//! same question through two faces is two tasks.
+//! The faces of the chat path (docs/design.md, "Endpoints: one core,
+//! several faces"): Anthropic's Messages API (`POST /v1/messages`) and
+//! OpenAI's Responses API (`POST /v1/responses`) on the same core as chat
+//! completions, against both of the mock's faces (an OpenAI-compatible
+//! target and an Anthropic one): waves coalesce, tenants stay apart,
+//! failures are shared and not re-attacked, `Idempotency-Key` makes a job,
+//! a timeout is `unknown`, the same question through two faces is two
+//! tasks, and stored responses continue per tenant (contract violations
+//! and certified failover: `contracts.rs`).
 
 use std::collections::HashSet;
 use std::time::Duration;
