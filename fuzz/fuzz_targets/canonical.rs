@@ -46,6 +46,7 @@ fn check_fingerprints(original: &Value, reparsed: &Value) {
                 ignore_fields: &[],
                 kinds: &[],
                 contract: None,
+                face: None,
             };
             assert_eq!(
                 fingerprint(a, None, &rules),

@@ -47,6 +47,7 @@ fn fp_of(body: &Map<String, Value>) -> idem::fingerprint::Fingerprint {
         ignore_fields: &[],
         kinds: &[],
         contract: None,
+        face: None,
     };
     fingerprint(body, Some("someone"), &rules)
 }

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::answer::Answer;
+use crate::config::ProviderKind;
 use crate::flight::Wire;
 use crate::providers::Endpoint;
 use crate::routes::{Route, Target};
@@ -61,6 +62,10 @@ impl Wire for Chat {
 /// The upstream body of a chat request for `target` (see [`Chat::body`]).
 pub fn body_for(target: &Target, request: &Map<String, Value>) -> Bytes {
     let mut body = request.clone();
+    // A Messages request's own form is for Anthropic targets only.
+    if target.provider.kind != ProviderKind::Anthropic {
+        body.remove(crate::providers::anthropic::ORIGINAL);
+    }
     body.insert("model".into(), Value::String(target.model.to_string()));
     if body.get("stream") == Some(&Value::Bool(true)) && target.provider.stream_usage {
         body.insert(

@@ -37,6 +37,26 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
+/// The key under which the chat request of a Messages request keeps the
+/// client's own request ([`original`]): an Anthropic target is sent that
+/// request as the client wrote it (every field and block, `cache_control`
+/// included, with the target's model), not the translation; any other
+/// target gets the translation, without this key. Being in the chat
+/// request, it counts in the fingerprint.
+pub use crate::providers::anthropic::ORIGINAL;
+
+/// What [`ORIGINAL`] keeps of a Messages request: all of it but its noise
+/// (`stream`, `metadata`, `service_tier`) and its `model` (the route's
+/// name, which the chat request carries and a target replaces), so that it
+/// changes the fingerprint only by what changes the answer.
+pub fn original(request: &Map<String, Value>) -> Value {
+    let mut kept = request.clone();
+    for noise in ["stream", "metadata", "service_tier", "model"] {
+        kept.remove(noise);
+    }
+    Value::Object(kept)
+}
+
 /// Why a Messages request cannot be served (becomes a 400
 /// `invalid_request_error`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

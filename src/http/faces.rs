@@ -36,17 +36,8 @@ pub enum Face {
 }
 
 impl Face {
-    /// Its name in the request log, metrics and `idem analyze`.
+    /// Its name in the request log, `idem analyze` and its span.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Face::Chat => "chat",
-            Face::Messages => "messages",
-            Face::Responses => "responses",
-        }
-    }
-
-    /// Its span's operation name.
-    pub fn operation(self) -> &'static str {
         match self {
             Face::Chat => "chat",
             Face::Messages => "messages",
@@ -115,14 +106,6 @@ pub struct ResponsesAsk {
 }
 
 impl Asked<'_> {
-    pub fn face(&self) -> Face {
-        match self {
-            Asked::Chat { .. } => Face::Chat,
-            Asked::Messages { .. } => Face::Messages,
-            Asked::Responses(_) => Face::Responses,
-        }
-    }
-
     pub fn stream(&self) -> bool {
         match self {
             Asked::Chat { stream, .. } | Asked::Messages { stream } => *stream,

@@ -226,7 +226,7 @@ async fn admit(
     } = read_request(&app, &tenant, &headers, body, caller.body_limit(&app), face)
         .await
         .map_err(|e| refused(&app, Some(&tenant), None, e))?;
-    let trace = request_trace(&app, face.operation(), &req.model, &headers);
+    let trace = request_trace(&app, face.as_str(), &req.model, &headers);
     let (route, fp) = match route_chat(&caller.live, &tenant, &req, &headers, face_doc.as_ref()) {
         Ok(routed) => routed,
         Err(e) => {
@@ -323,9 +323,13 @@ async fn read_request(
             })
         }
         Face::Messages => {
-            let translated = messages::to_chat(&object).map_err(|r| {
+            let mut translated = messages::to_chat(&object).map_err(|r| {
                 ApiError::bad_request(r.message, "invalid_request", r.param.as_deref())
             })?;
+            // Kept for Anthropic targets, which get it as sent.
+            translated
+                .chat
+                .insert(messages::ORIGINAL.into(), messages::original(&object));
             let req = validate::chat_request(translated.chat, &app.limits)?;
             Ok(Read {
                 wants: Wants {

@@ -651,3 +651,49 @@ async fn stored_responses_continue_per_tenant() {
         .await;
     assert_eq!(status, 404);
 }
+
+/// A Messages request reaches an Anthropic target as its client wrote it
+/// (its `cache_control` blocks, its system blocks), with the target's
+/// model; an OpenAI-compatible target gets the chat translation and
+/// nothing of that form.
+#[tokio::test]
+async fn messages_reach_an_anthropic_target_as_sent_and_others_translated() {
+    let request = json!({
+        "model": "bot",
+        "max_tokens": 100,
+        "system": [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "A long shared preamble.", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Where is my order?"}
+        ]}],
+        "metadata": {"user_id": "u-1"},
+        "stream": true,
+    });
+    for kind in [ProviderKind::Anthropic, ProviderKind::Openai] {
+        let app = TestApp::with(Spec {
+            primary_kind: kind,
+            ..Spec::default()
+        })
+        .await;
+        let r = app.ask(Face::Messages, ACME, &request, &[]).await;
+        assert_eq!(r.status(), 200);
+        let text = Face::Messages.stream_text(&r.text().await.unwrap());
+        assert!(text.ends_with("Where is my order?"), "{text}");
+        let sent = app.mock.stats().last_requests.pop().unwrap().body;
+        let body = sent.to_string();
+        assert!(!body.contains("idem_anthropic_request"), "{sent}");
+        match kind {
+            ProviderKind::Anthropic => {
+                let mut expected = request.clone();
+                expected["model"] = json!("gpt-4o-mini");
+                assert_eq!(sent, expected, "not as the client sent it");
+            }
+            _ => {
+                assert!(!body.contains("cache_control"), "{sent}");
+                assert_eq!(sent["messages"][0]["role"], "system", "{sent}");
+                assert_eq!(sent["model"], "gpt-4o-mini");
+            }
+        }
+        app.stop().await;
+    }
+}

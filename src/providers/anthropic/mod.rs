@@ -13,6 +13,11 @@ pub mod reply;
 pub mod request;
 pub mod stream;
 
+/// The key of a chat request under which idem's Messages face keeps its
+/// client's own Messages request: sent as written ([`request::as_sent`])
+/// instead of translated. Other kinds never see it.
+pub const ORIGINAL: &str = "idem_anthropic_request";
+
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
@@ -77,9 +82,12 @@ impl Dialect for Anthropic {
         if endpoint == Endpoint::Embeddings {
             return Err("Anthropic's API has no embeddings".into());
         }
-        let chat: Map<String, Value> = serde_json::from_slice(&body)
+        let mut chat: Map<String, Value> = serde_json::from_slice(&body)
             .map_err(|e| format!("the request is not a JSON object: {e}"))?;
-        let (messages, reading) = request::translate(&chat, self.max_tokens)?;
+        let (messages, reading) = match chat.remove(ORIGINAL) {
+            Some(Value::Object(original)) => request::as_sent(original, &chat),
+            _ => request::translate(&chat, self.max_tokens)?,
+        };
         Ok(Outgoing {
             url: self.messages.clone(),
             headers: self.headers.clone(),

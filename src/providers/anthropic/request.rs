@@ -129,6 +129,35 @@ pub fn translate(
     Ok((out, reading))
 }
 
+/// A Messages request sent through idem's Messages face, as its client
+/// wrote it ([`ORIGINAL`]): with the target's model from `chat` (the chat
+/// request it was translated into, which the core has made this call's),
+/// its stream flag and usage, and its user as `metadata.user_id`.
+///
+/// [`ORIGINAL`]: super::ORIGINAL
+pub fn as_sent(
+    mut original: Map<String, Value>,
+    chat: &Map<String, Value>,
+) -> (Map<String, Value>, Reading) {
+    let mut reading = Reading::default();
+    if let Some(model) = chat.get("model") {
+        original.insert("model".into(), model.clone());
+    }
+    if let Some(user) = chat.get("user").and_then(Value::as_str) {
+        original.insert("metadata".into(), json!({"user_id": user}));
+    }
+    if chat.get("stream").and_then(Value::as_bool) == Some(true) {
+        original.insert("stream".into(), json!(true));
+        reading.stream = true;
+        reading.include_usage = chat
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            == Some(true);
+    }
+    (original, reading)
+}
+
 /// The system text and the turns.
 fn messages(messages: Option<&Value>) -> Result<(Vec<String>, Vec<Value>), String> {
     let Some(Value::Array(list)) = messages else {
