@@ -57,25 +57,7 @@ pub fn original(request: &Map<String, Value>) -> Value {
     Value::Object(kept)
 }
 
-/// Why a Messages request cannot be served (becomes a 400
-/// `invalid_request_error`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct Refusal {
-    /// A sentence for the client saying what is wrong.
-    pub message: String,
-    /// The offending field path, e.g. `"messages.2.content.0.type"`.
-    pub param: Option<String>,
-}
-
-impl Refusal {
-    fn at(param: impl Into<String>, message: impl Into<String>) -> Self {
-        Refusal {
-            message: message.into(),
-            param: Some(param.into()),
-        }
-    }
-}
+pub use super::Refusal;
 
 /// A checked Messages request translated to chat.
 #[derive(Debug, Clone, PartialEq)]

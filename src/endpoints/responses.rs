@@ -76,23 +76,11 @@ const KNOWN_FIELDS: &[&str] = &[
     "top_logprobs",
 ];
 
-/// A Responses request idem will not serve; the caller answers it with a 400
-/// `invalid_request_error` carrying `message` and `param`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct Refusal {
-    /// What is wrong, in words the client's developer can act on.
-    pub message: String,
-    /// The offending field as a dotted path (`input.3.type`), like OpenAI's `param`.
-    pub param: Option<String>,
-}
+pub use super::Refusal;
 
 /// Builds the `Err` of a refusal, so that every refusal names its field.
 fn refuse<T>(message: impl Into<String>, param: impl Into<String>) -> Result<T, Refusal> {
-    Err(Refusal {
-        message: message.into(),
-        param: Some(param.into()),
-    })
+    Err(Refusal::at(param, message))
 }
 
 /// A Responses request turned into what the chat core needs, plus the parts of it that

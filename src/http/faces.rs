@@ -21,6 +21,7 @@ use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use serde_json::{Value, json};
 
+use super::openai::{json_response, sse_response};
 use crate::answer::Answer;
 use crate::endpoints::{messages, responses};
 use crate::fingerprint::Fingerprint;
@@ -144,9 +145,7 @@ pub fn render_success(asked: Asked<'_>, fp: &Fingerprint, answer: &Answer) -> Op
     let completion = answer.completion_json()?;
     Some(match asked {
         Asked::Chat { .. } => return None,
-        Asked::Messages { stream: false } => {
-            json_response(messages::message_from_completion(&completion).to_string())
-        }
+        Asked::Messages { stream: false } => json(messages::message_from_completion(&completion)),
         Asked::Messages { stream: true } => {
             sse_response(Body::from(messages::stream_from_completion(&completion)))
         }
@@ -161,10 +160,12 @@ pub fn render_success(asked: Asked<'_>, fp: &Fingerprint, answer: &Answer) -> Op
                     &r.echo,
                 )))
             } else {
-                json_response(
-                    responses::response_from_completion(&completion, &id, created, &r.echo)
-                        .to_string(),
-                )
+                json(responses::response_from_completion(
+                    &completion,
+                    &id,
+                    created,
+                    &r.echo,
+                ))
             }
         }
     })
@@ -368,22 +369,7 @@ pub async fn anthropic_error(resp: Response) -> Response {
     Response::from_parts(parts, Body::from(body))
 }
 
-fn json_response(body: String) -> Response {
-    let mut r = Response::new(Body::from(body));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-fn sse_response(body: Body) -> Response {
-    let mut r = Response::new(body);
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    r
+/// A 200 with a JSON body.
+fn json(v: Value) -> Response {
+    json_response(Bytes::from(v.to_string()), StatusCode::OK, None)
 }

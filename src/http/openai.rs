@@ -323,9 +323,7 @@ async fn read_request(
             })
         }
         Face::Messages => {
-            let mut translated = messages::to_chat(&object).map_err(|r| {
-                ApiError::bad_request(r.message, "invalid_request", r.param.as_deref())
-            })?;
+            let mut translated = messages::to_chat(&object)?;
             // Kept for Anthropic targets, which get it as sent.
             translated
                 .chat
@@ -359,9 +357,7 @@ async fn read_request(
                 None => Vec::new(),
                 Some(id) => previous_turns(app, tenant, id).await?,
             };
-            let translated = responses::to_chat(&object, &history).map_err(|r| {
-                ApiError::bad_request(r.message, "invalid_request", r.param.as_deref())
-            })?;
+            let translated = responses::to_chat(&object, &history)?;
             let store = translated.store.unwrap_or(true);
             let mut turns = history;
             turns.extend(translated.turns);
@@ -738,7 +734,11 @@ pub fn render(answer: &Answer, asked: Asked<'_>, fp: &Fingerprint) -> Response {
     }
 }
 
-fn json_response(body: Bytes, status: StatusCode, retry_after: Option<Duration>) -> Response {
+pub(super) fn json_response(
+    body: Bytes,
+    status: StatusCode,
+    retry_after: Option<Duration>,
+) -> Response {
     let mut r = Response::new(Body::from(body));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -752,7 +752,7 @@ fn json_response(body: Bytes, status: StatusCode, retry_after: Option<Duration>)
     r
 }
 
-fn sse_response(body: Body) -> Response {
+pub(super) fn sse_response(body: Body) -> Response {
     let mut r = Response::new(body);
     let h = r.headers_mut();
     h.insert(
