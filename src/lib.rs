@@ -5,11 +5,15 @@
 //! The modules follow a request (docs/design.md, "The request path"):
 //!
 //! - [`http`]: the router, authentication ([`tenants`]), validation, and the
-//!   faces (`openai`: chat completions and models; `embeddings`; `jobs`;
-//!   `ops`), which turn a request into the core's task and the core's
-//!   answer (or error) into an HTTP answer, in one place each;
+//!   faces (`openai`: the chat path, whose Messages and Responses faces
+//!   `faces` renders, and models; `embeddings`; `responses`: stored
+//!   responses; `jobs`; `ops`), which turn a request into the core's task
+//!   and the core's answer (or error) into an HTTP answer, in one place
+//!   each;
 //! - [`endpoints`]: each API shape as the core sees it: what its upstream
-//!   call sends and how the answer is read (chat, embeddings);
+//!   call sends and how the answer is read (chat, embeddings); [`shapes`]:
+//!   the API shapes that are faces of the chat path (Anthropic's Messages
+//!   API, OpenAI's Responses API) and their translation to and from chat;
 //! - [`routes`]: public model names mapped to their ordered targets;
 //! - [`fingerprint`]: what counts as the same task;
 //! - [`task`]: the core: a task in, a delivery out, one function per stage
@@ -64,6 +68,7 @@ pub mod prices;
 pub mod providers;
 pub mod reqlog;
 pub mod routes;
+pub mod shapes;
 pub mod sse;
 pub mod store;
 pub mod task;
@@ -96,6 +101,7 @@ mod layout {
         "providers",
         "reqlog",
         "routes",
+        "shapes",
         "sse",
         "store",
         "task",

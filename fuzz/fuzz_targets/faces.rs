@@ -12,9 +12,9 @@
 
 #![no_main]
 
-use idem::endpoints::{messages, responses};
 use idem::http::error::ApiError;
 use idem::http::validate::{Limits, chat_request, parse_object};
+use idem::shapes::{messages, responses};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 

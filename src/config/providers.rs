@@ -86,6 +86,11 @@ pub struct ProviderConfig {
     /// `azure`: the `api-version` query parameter.
     #[serde(default)]
     pub api_version: Option<String>,
+    /// `openai`: the provider speaks OpenAI's Responses API
+    /// (`{base_url}/responses`): a request of idem's Responses face goes
+    /// there as its client wrote it instead of translated to chat.
+    #[serde(default)]
+    pub responses_api: bool,
 }
 
 fn default_max_tokens() -> u32 {
@@ -139,6 +144,9 @@ impl ProviderConfig {
         }
         if self.max_tokens == 0 {
             return Err(source.invalid(at("max_tokens"), "must be above zero"));
+        }
+        if self.responses_api && self.kind != ProviderKind::Openai {
+            return Err(source.invalid(at("responses_api"), "applies to kind = \"openai\" only"));
         }
         if self.api_version.is_some() && self.kind != ProviderKind::Azure {
             return Err(source.invalid(at("api_version"), "applies to kind = \"azure\" only"));

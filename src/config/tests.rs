@@ -439,3 +439,18 @@ fn a_config_without_routes_is_warned_about() {
     let c = Config::from_toml_str(EMBEDDED_DEFAULT, Source::Embedded, false).unwrap();
     assert_eq!(c.warnings(), Vec::<String>::new());
 }
+
+#[test]
+fn responses_api_is_for_openai_providers_only() {
+    let with = |kind: &str| {
+        parse(&format!(
+            "[[providers]]\nname = \"p\"\nkind = \"{kind}\"\nbase_url = \"http://127.0.0.1:1/v1\"\nresponses_api = true\n[[routes]]\nmodel = \"m\"\ntargets = [{{ provider = \"p\", model = \"x\" }}]\n"
+        ))
+    };
+    assert!(with("openai").unwrap().providers[0].responses_api);
+    for kind in ["anthropic", "azure", "mock"] {
+        let err = with(kind).unwrap_err().to_string();
+        assert!(err.contains("responses_api"), "{kind}: {err}");
+        assert!(err.contains("kind = \"openai\" only"), "{kind}: {err}");
+    }
+}

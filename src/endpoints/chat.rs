@@ -62,9 +62,13 @@ impl Wire for Chat {
 /// The upstream body of a chat request for `target` (see [`Chat::body`]).
 pub fn body_for(target: &Target, request: &Map<String, Value>) -> Bytes {
     let mut body = request.clone();
-    // A Messages request's own form is for Anthropic targets only.
+    // A Messages request's own form is for Anthropic targets only, a
+    // Responses request's for providers that speak the Responses API.
     if target.provider.kind != ProviderKind::Anthropic {
-        body.remove(crate::providers::anthropic::ORIGINAL);
+        body.remove(crate::shapes::messages::ORIGINAL);
+    }
+    if !target.provider.responses_api {
+        body.remove(crate::shapes::responses::ORIGINAL);
     }
     body.insert("model".into(), Value::String(target.model.to_string()));
     if body.get("stream") == Some(&Value::Bool(true)) && target.provider.stream_usage {

@@ -293,10 +293,10 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::endpoints::Refusal> for ApiError {
+impl From<crate::shapes::Refusal> for ApiError {
     /// A request of the Messages or Responses face that a chat request
     /// cannot say: 400 `invalid_request` with the field at fault.
-    fn from(r: crate::endpoints::Refusal) -> ApiError {
+    fn from(r: crate::shapes::Refusal) -> ApiError {
         ApiError::bad_request(r.message, "invalid_request", r.param.as_deref())
     }
 }

@@ -5,7 +5,7 @@
 //! API) and `POST /v1/responses` (OpenAI's Responses API) run the same path
 //! (docs/design.md, "Endpoints: one core, several faces"): the request is
 //! translated into a chat completion request
-//! ([`crate::endpoints::messages`], [`crate::endpoints::responses`]), the
+//! ([`crate::shapes::messages`], [`crate::shapes::responses`]), the
 //! face joins the fingerprint, and the core's answer, a chat completion, is
 //! rendered here in the form this asker wants: plain or streamed, in its
 //! face's shape. A live stream is
@@ -23,9 +23,9 @@ use serde_json::{Value, json};
 
 use super::openai::{json_response, sse_response};
 use crate::answer::Answer;
-use crate::endpoints::{messages, responses};
 use crate::fingerprint::Fingerprint;
 use crate::flight::Flight;
+use crate::shapes::{messages, responses};
 use crate::sse::EventSplitter;
 
 /// The API shape a request came in by.

@@ -34,13 +34,13 @@ use super::validate::{self, ChatRequest};
 use super::{AppState, Caller};
 use crate::answer::{Answer, Form};
 use crate::endpoints::chat::CHAT;
-use crate::endpoints::{messages, responses};
 use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{Delivery, Flight, RequestBody, Source};
 use crate::live::Live;
 use crate::outcome::Outcome;
 use crate::providers::Endpoint;
 use crate::routes::{Route, Routes};
+use crate::shapes::{messages, responses};
 use crate::task::{CachePolicy, Count, Finish, Line, Task, TaskError};
 use crate::telemetry::{self, Attribute, Trace, attr};
 
@@ -357,7 +357,12 @@ async fn read_request(
                 None => Vec::new(),
                 Some(id) => previous_turns(app, tenant, id).await?,
             };
-            let translated = responses::to_chat(&object, &history)?;
+            let mut translated = responses::to_chat(&object, &history)?;
+            // Kept for providers that speak the Responses API.
+            translated.chat.insert(
+                responses::ORIGINAL.into(),
+                responses::native(&object, &history),
+            );
             let store = translated.store.unwrap_or(true);
             let mut turns = history;
             turns.extend(translated.turns);

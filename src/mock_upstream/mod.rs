@@ -332,6 +332,8 @@ pub enum Endpoint {
     Messages,
     /// Anthropic's `POST /v1/messages/count_tokens`.
     CountTokens,
+    /// OpenAI's Responses API, `POST /v1/responses`.
+    Responses,
 }
 
 /// How a logged call ended.

@@ -45,6 +45,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             "/openai/deployments/{deployment}/embeddings",
             post(azure_embeddings),
         )
+        .route("/v1/responses", post(responses))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/models", get(models))
@@ -267,6 +268,69 @@ async fn embeddings_answer(
     }
     shared.count(&arrival, Outcome::Completed);
     json_text(body)
+}
+
+/// The chat request a Responses request asks, read by idem's own
+/// translation (`None`: not one the translation accepts).
+pub(crate) fn responses_chat(request: &Value) -> Option<Value> {
+    let object = request.as_object()?;
+    crate::shapes::responses::to_chat(object, &[])
+        .ok()
+        .map(|t| Value::Object(t.chat))
+}
+
+/// `POST /v1/responses` (OpenAI's Responses API): count and record, refuse
+/// what idem's translation refuses with a 400 at once, then hold, wait,
+/// fail, reset or answer as the behaviour says: the chat answer the
+/// request's chat form would get (its text, tool calls and numbering),
+/// rendered as a `response` object or its typed events. `garbage` and
+/// `pad_bytes` do not apply.
+async fn responses(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let in_flight = shared.in_flight();
+    let (request, valid) = request_of(&body);
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    let arrival = shared.arrive(Incoming {
+        endpoint: Endpoint::Responses,
+        body: Arc::clone(&request),
+        sent: sent_of(&headers, None),
+        stream,
+        items: 0,
+    });
+    let Some(object) = request.as_object().filter(|_| valid) else {
+        shared.count(&arrival, Outcome::Failed(400));
+        return error(400, NOT_AN_OBJECT, None);
+    };
+    let chat = match crate::shapes::responses::to_chat(object, &[]) {
+        Ok(t) => Value::Object(t.chat),
+        Err(r) => {
+            shared.count(&arrival, Outcome::Failed(400));
+            return error_with_param(400, &r.message, r.param.as_deref(), None);
+        }
+    };
+    let (behaviour, release) = match gate(&shared, &arrival, Face::OpenAi).await {
+        Ok(go) => go,
+        Err(refused) => return refused,
+    };
+    shared.count(&arrival, Outcome::Completed);
+    let content = release.content.as_deref().or(behaviour.content.as_deref());
+    let completion = super::answer::completion(&chat, arrival.seq, content);
+    let id = format!("resp_mock{}", arrival.seq);
+    let created = completion["created"].as_u64().unwrap_or(0);
+    let echo = crate::shapes::responses::Echo::of(object);
+    if stream {
+        let events =
+            crate::shapes::responses::stream_from_completion(&completion, &id, created, &echo);
+        let frames = String::from_utf8_lossy(&events)
+            .split_inclusive("\n\n")
+            .map(|e| Bytes::from(e.to_owned()))
+            .collect();
+        let delay = Duration::from_millis(behaviour.chunk_delay_ms);
+        event_stream(shared, frames, delay, in_flight)
+    } else {
+        let response =
+            crate::shapes::responses::response_from_completion(&completion, &id, created, &echo);
+        json_text(response.to_string())
+    }
 }
 
 /// `POST /v1/messages` (Anthropic): count and record, refuse a request

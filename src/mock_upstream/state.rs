@@ -183,6 +183,9 @@ impl Shared {
             Endpoint::ChatCompletions => super::answer::echoed(&body),
             Endpoint::Embeddings => super::embeddings::echoed(&body),
             Endpoint::Messages | Endpoint::CountTokens => super::anthropic::echoed(&body),
+            Endpoint::Responses => super::routes::responses_chat(&body)
+                .map(|chat| super::answer::echoed(&chat))
+                .unwrap_or_default(),
         };
         let mut call = CallRecord {
             seq: 0,

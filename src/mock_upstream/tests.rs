@@ -145,6 +145,90 @@ async fn plain_answer_has_the_openai_shape() {
 }
 
 #[tokio::test]
+async fn the_responses_api_answers_plain_streamed_and_with_a_function_call() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let url = format!("{}/responses", server.base_url());
+    let request = json!({"model": "gpt-test", "input": "hello there", "instructions": "Be brief."});
+    let r: Value = client
+        .post(&url)
+        .json(&request)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["object"], "response");
+    assert_eq!(r["id"], "resp_mock1");
+    assert_eq!(r["status"], "completed");
+    assert_eq!(r["instructions"], "Be brief.");
+    assert_eq!(
+        r["output"][0]["content"][0]["text"],
+        "mock answer #1 to: hello there"
+    );
+    assert!(r["usage"]["input_tokens"].as_u64().unwrap() > 0, "{r}");
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let text = client
+        .post(&url)
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "response.created");
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, "mock answer #2 to: hello there");
+
+    let tools = json!({"model": "gpt-test", "input": "where is 1234",
+        "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object",
+            "properties": {"order": {"type": "string"}}, "required": ["order"]}}],
+        "tool_choice": "required"});
+    let r: Value = client
+        .post(&url)
+        .json(&tools)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let call = r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap();
+    assert_eq!(call["name"], "lookup");
+    assert_eq!(call["call_id"], "call_mock_3");
+    // What idem's translation refuses, the mock refuses: a built-in tool.
+    let refused = json!({"model": "gpt-test", "input": "hi", "tools": [{"type": "web_search"}]});
+    let response = client.post(&url).json(&refused).send().await.unwrap();
+    assert_eq!(response.status(), 400);
+    let stats = server.stats();
+    assert_eq!(stats.calls, 4);
+    assert_eq!(
+        stats.last_requests.last().unwrap().endpoint,
+        Endpoint::Responses
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn stream_deltas_concatenate_to_the_plain_content() {
     let server = start(Behaviour::default()).await;
     let client = client();

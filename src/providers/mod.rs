@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderValue};
@@ -172,6 +172,9 @@ pub struct Reading {
     /// The name of the tool that carries a `response_format`'s JSON
     /// (Anthropic): its input is the answer's content.
     pub json_tool: Option<String>,
+    /// The call went to a Responses API (`responses_api = true`): its reply
+    /// is read back into chat.
+    pub responses: bool,
 }
 
 /// One configured provider.
@@ -183,6 +186,9 @@ pub struct Provider {
     pub max_answer_bytes: usize,
     /// Streamed calls ask for usage (`stream_usage`).
     pub stream_usage: bool,
+    /// A Responses request of idem's Responses face goes to its Responses
+    /// API as the client wrote it (`responses_api`).
+    pub responses_api: bool,
     upstream: Upstream,
     client: reqwest::Client,
     mock_seq: AtomicU64,
@@ -295,7 +301,8 @@ impl Provider {
         let upstream = match config.kind {
             ProviderKind::Mock => Upstream::Mock,
             ProviderKind::Openai => Upstream::Http(Box::new(
-                openai::OpenAi::new(&config.base_url, api_key).map_err(bad)?,
+                openai::OpenAi::new(&config.base_url, api_key, config.responses_api)
+                    .map_err(bad)?,
             )),
             ProviderKind::Azure => {
                 Upstream::Http(Box::new(azure::Azure::new(config, api_key).map_err(bad)?))
@@ -310,6 +317,7 @@ impl Provider {
             timeout: config.timeout,
             max_answer_bytes: config.max_answer_bytes,
             stream_usage: config.stream_usage,
+            responses_api: config.responses_api,
             upstream,
             client,
             mock_seq: AtomicU64::new(0),
@@ -582,6 +590,27 @@ impl Providers {
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Provider>> {
         self.by_name.values()
     }
+}
+
+/// The body read whole (no further than `limit`: past it, what was read is
+/// handed on untranslated and the reader's own limit refuses it), then
+/// `translate`d.
+pub(crate) fn whole_then(
+    body: BodyStream,
+    limit: usize,
+    translate: impl FnOnce(Bytes) -> Bytes + Send + 'static,
+) -> BodyStream {
+    Box::pin(futures_util::stream::once(async move {
+        let mut body = body;
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = body.next().await {
+            buf.extend_from_slice(&chunk?);
+            if buf.len() > limit {
+                return Ok(buf.freeze());
+            }
+        }
+        Ok(translate(buf.freeze()))
+    }))
 }
 
 #[cfg(test)]

@@ -697,3 +697,95 @@ async fn messages_reach_an_anthropic_target_as_sent_and_others_translated() {
         app.stop().await;
     }
 }
+
+/// A provider that speaks the Responses API (`responses_api = true`) is
+/// sent a Responses request as its client wrote it (the conversation it
+/// continues spelled out, `store: false`), plain and streamed, and its
+/// answers come back right; chat and Messages requests still go to its chat
+/// completions.
+#[tokio::test]
+async fn a_responses_api_provider_gets_responses_requests_as_sent() {
+    use idem::mock_upstream::Endpoint;
+    let app = TestApp::with(Spec {
+        provider_extra: "responses_api = true\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let last = || app.mock.stats().last_requests.pop().unwrap();
+    let request = json!({"model": "bot", "input": "My name is Ada.", "instructions": "Be brief.",
+        "metadata": {"k": "v"}, "prompt_cache_key": "ada"});
+    let r = app.ask(Face::Responses, ACME, &request, &[]).await;
+    assert_eq!(r.status(), 200);
+    let first: Value = r.json().await.unwrap();
+    assert_eq!(
+        Face::Responses.text(&first),
+        "mock answer #1 to: My name is Ada."
+    );
+    let sent = last();
+    assert_eq!(sent.endpoint, Endpoint::Responses);
+    assert_eq!(
+        sent.body,
+        json!({"model": "gpt-4o-mini", "input": "My name is Ada.", "instructions": "Be brief.",
+            "prompt_cache_key": "ada", "store": false})
+    );
+
+    // Continued and streamed: the earlier turns go as input items.
+    let next = json!({"model": "bot", "input": "What is my name?",
+        "previous_response_id": first["id"], "stream": true});
+    let r = app.ask(Face::Responses, ACME, &next, &[]).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert_eq!(
+        Face::Responses.stream_text(&text),
+        "mock answer #2 to: What is my name?"
+    );
+    let sent = last();
+    assert_eq!(sent.endpoint, Endpoint::Responses);
+    assert_eq!(sent.body["stream"], true);
+    assert_eq!(sent.body.get("previous_response_id"), None);
+    let input = sent.body["input"].as_array().unwrap();
+    assert_eq!(input.len(), 3, "{}", sent.body);
+    assert_eq!(input[0]["role"], "user");
+    assert_eq!(input[1]["role"], "assistant");
+    assert_eq!(
+        input[2],
+        json!({"role": "user", "content": "What is my name?"})
+    );
+
+    // A function call, natively.
+    let tools = json!({"model": "bot", "input": "where is 1234", "store": false,
+        "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object",
+            "properties": {"order": {"type": "string"}}, "required": ["order"]}}],
+        "tool_choice": "required"});
+    let r: Value = app
+        .ask(Face::Responses, ACME, &tools, &[])
+        .await
+        .json()
+        .await
+        .unwrap();
+    let call = r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(call["name"], "lookup");
+    assert_eq!(last().endpoint, Endpoint::Responses);
+
+    // The other faces go to chat completions, without the Responses form.
+    let r = app.chat(ACME, &chat_body("My name is Ada.")).await;
+    assert_eq!(r.status(), 200);
+    let sent = last();
+    assert_eq!(sent.endpoint, Endpoint::ChatCompletions);
+    assert!(!sent.body.to_string().contains("idem_responses_request"));
+    let r = app
+        .ask(
+            Face::Messages,
+            ACME,
+            &Face::Messages.body("My name is Ada."),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(last().endpoint, Endpoint::ChatCompletions);
+}

@@ -3,9 +3,11 @@
 
 Usage: python faces_sdk.py GATEWAY_ROOT_URL MOCK_URL KEY_A KEY_B
 
-GATEWAY_ROOT_URL is an idem gateway (no /v1) with two routes: "gpt", one
-target on an OpenAI-compatible provider, and "claude", one target of kind
-"anthropic"; both in front of the `idem mock-upstream` at MOCK_URL. KEY_A
+GATEWAY_ROOT_URL is an idem gateway (no /v1) with three routes: "gpt",
+one target on an OpenAI-compatible provider, "claude", one target of kind
+"anthropic", and "gpt-native", one target on a provider with
+`responses_api = true`; all in front of the `idem mock-upstream` at
+MOCK_URL. KEY_A
 and KEY_B are two tenants' keys. Each SDK, unmodified, must get from each
 route: a plain answer, a stream (and the SDK's stream helper), and a
 function tool call round trip; the Responses API also `store` with
@@ -222,7 +224,7 @@ def responses_face(root: str, key: str, other_key: str, model: str, run: str) ->
 def main() -> None:
     global MOCK
     root, MOCK, key_a, key_b = sys.argv[1:5]
-    for model in ("gpt", "claude"):
+    for model in ("gpt", "claude", "gpt-native"):
         run = uuid.uuid4().hex[:8]
         messages_face(root, key_a, model, run)
         responses_face(root, key_a, key_b, model, run)

@@ -16,9 +16,9 @@ pub mod stream;
 /// The key of a chat request under which idem's Messages face keeps its
 /// client's own Messages request: sent as written ([`request::as_sent`])
 /// instead of translated. Other kinds never see it.
-pub const ORIGINAL: &str = "idem_anthropic_request";
+pub use crate::shapes::messages::ORIGINAL;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::StreamExt;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderName, HeaderValue};
@@ -26,7 +26,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value};
 
 use super::openai::secret_header;
-use super::{BodyStream, Dialect, Endpoint, Outgoing, Reading, UpstreamReply};
+use super::{BodyStream, Dialect, Endpoint, Outgoing, Reading, UpstreamReply, whole_then};
 use crate::config::{ANTHROPIC_BASE_URL, ANTHROPIC_VERSION, ProviderConfig, chat_url};
 
 /// The Anthropic dialect of one provider.
@@ -160,27 +160,6 @@ impl Dialect for Anthropic {
             ..reply
         }
     }
-}
-
-/// The body read whole (no further than `limit`: past it, what was read is
-/// handed on untranslated and the reader's own limit refuses it), then
-/// `translate`d.
-fn whole_then(
-    body: BodyStream,
-    limit: usize,
-    translate: impl FnOnce(Bytes) -> Bytes + Send + 'static,
-) -> BodyStream {
-    Box::pin(futures_util::stream::once(async move {
-        let mut body = body;
-        let mut buf = BytesMut::new();
-        while let Some(chunk) = body.next().await {
-            buf.extend_from_slice(&chunk?);
-            if buf.len() > limit {
-                return Ok(buf.freeze());
-            }
-        }
-        Ok(translate(buf.freeze()))
-    }))
 }
 
 /// A stream translated event by event, as it arrives.

@@ -262,7 +262,7 @@ mod tests {
         let reading = Reading {
             stream: true,
             include_usage: true,
-            json_tool: None,
+            ..Reading::default()
         };
         let whole = translate_in_pieces(&anthropic_stream(), reading.clone(), 1 << 20);
         for piece in [1, 7, 64] {
@@ -334,6 +334,7 @@ mod tests {
             stream: true,
             include_usage: false,
             json_tool: Some("reply".into()),
+            ..Reading::default()
         };
         let out = translate_in_pieces(&stream, reading, 11);
         let c = crate::sse::assemble(out.as_bytes()).unwrap();

@@ -43,7 +43,7 @@ use serde_json::{Map, Value, json};
 /// included, with the target's model), not the translation; any other
 /// target gets the translation, without this key. Being in the chat
 /// request, it counts in the fingerprint.
-pub use crate::providers::anthropic::ORIGINAL;
+pub const ORIGINAL: &str = "idem_anthropic_request";
 
 /// What [`ORIGINAL`] keeps of a Messages request: all of it but its noise
 /// (`stream`, `metadata`, `service_tier`) and its `model` (the route's

@@ -78,6 +78,46 @@ const KNOWN_FIELDS: &[&str] = &[
 
 pub use super::Refusal;
 
+/// The key under which the chat request of a Responses request keeps the
+/// Responses request itself ([`native`]): a provider that speaks the
+/// Responses API (`responses_api = true`) is sent it as written, not the
+/// translation; any other target gets the translation, without this key.
+/// Being in the chat request, it counts in the fingerprint.
+pub const ORIGINAL: &str = "idem_responses_request";
+
+/// What [`ORIGINAL`] keeps of a Responses request: all of it but its noise
+/// (`stream`, `stream_options`, `store`, `metadata`, `include`,
+/// `background`) and its `model` (which a target replaces), with the
+/// conversation it continues spelled out: `previous_response_id` names a
+/// response idem keeps, which the provider does not know, so its turns
+/// (`history`, chat messages) go before the request's own `input`.
+pub fn native(request: &Map<String, Value>, history: &[Value]) -> Value {
+    let mut kept = request.clone();
+    for noise in [
+        "stream",
+        "stream_options",
+        "store",
+        "metadata",
+        "include",
+        "background",
+        "previous_response_id",
+        "model",
+    ] {
+        kept.remove(noise);
+    }
+    if !history.is_empty() {
+        let mut input = super::responses_api::input_items(history);
+        match kept.remove("input") {
+            Some(Value::String(text)) => input.push(json!({"role": "user", "content": text})),
+            Some(Value::Array(items)) => input.extend(items),
+            Some(other) => input.push(other),
+            None => {}
+        }
+        kept.insert("input".into(), Value::Array(input));
+    }
+    Value::Object(kept)
+}
+
 /// Builds the `Err` of a refusal, so that every refusal names its field.
 fn refuse<T>(message: impl Into<String>, param: impl Into<String>) -> Result<T, Refusal> {
     Err(Refusal::at(param, message))
