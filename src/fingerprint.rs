@@ -22,6 +22,8 @@ use std::str::FromStr;
 use serde_json::{Map, Number, Value};
 
 use crate::config::{Normalize, ProviderKind, Scope, TargetConfig};
+use crate::shapes::messages::ORIGINAL as MESSAGES_ORIGINAL;
+use crate::shapes::responses::ORIGINAL as RESPONSES_ORIGINAL;
 
 /// Version of the fingerprint rules; part of both the hashed document and the
 /// printed form.
@@ -147,6 +149,22 @@ pub fn fingerprint(
     // `Result` only exists because the writer is generic.
     debug_assert!(written.is_ok(), "hashing cannot fail: {written:?}");
     Fingerprint(*hasher.finalize().as_bytes())
+}
+
+/// A face's own form of a request (kept beside its chat translation for
+/// targets that speak it) without its text: the translation's `messages`
+/// carry that text, normalized as the route says, so the form adds to the
+/// task only what the translation leaves out (a field idem does not know,
+/// a tool's extras), and two requests that normalize alike stay one task.
+fn without_text(value: &Value) -> Cow<'_, Value> {
+    let Value::Object(form) = value else {
+        return Cow::Borrowed(value);
+    };
+    let mut rest = form.clone();
+    for text in ["messages", "system", "input", "instructions"] {
+        rest.remove(text);
+    }
+    Cow::Owned(Value::Object(rest))
 }
 
 /// Writes the canonical JSON of a value: object keys sorted by their UTF-8
@@ -328,6 +346,7 @@ fn write_document<W: Write>(
     out.write_all(b"\"request\":")?;
     write_object(out, body, skip, |out, key, value| match key {
         "messages" => write_messages(out, value, rules.normalize),
+        MESSAGES_ORIGINAL | RESPONSES_ORIGINAL => write_canonical(&without_text(value), out),
         _ => write_canonical(value, out),
     })?;
     out.write_all(b",\"route\":")?;
@@ -712,6 +731,46 @@ mod tests {
         assert_ne!(chat, a);
         assert_ne!(a, b);
         assert_ne!(b, c);
+    }
+
+    #[test]
+    fn a_faces_own_form_counts_without_its_text() {
+        let t = targets();
+        let r = Rules {
+            normalize: Normalize::Casefold,
+            ..rules(&t, &[])
+        };
+        let with = |text: &str, extra: Value| {
+            let mut form =
+                json!({"max_tokens": 9, "messages": [{"role": "user", "content": text}]});
+            form.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            obj(
+                json!({"model": "x", "messages": [{"role": "user", "content": text}],
+                MESSAGES_ORIGINAL: form}),
+            )
+        };
+        // Text that normalizes alike is one task, on this face too.
+        let a = fingerprint(&with("Hello", json!({})), None, &r);
+        assert_eq!(a, fingerprint(&with("hello", json!({})), None, &r));
+        // What only the form says counts.
+        assert_ne!(
+            a,
+            fingerprint(&with("hello", json!({"top_k": 5})), None, &r)
+        );
+        let responses = obj(
+            json!({"model": "x", "messages": [{"role": "user", "content": "Hello"}],
+            RESPONSES_ORIGINAL: {"input": "Hello", "prompt_cache_key": "k"}}),
+        );
+        let other = obj(
+            json!({"model": "x", "messages": [{"role": "user", "content": "hello"}],
+            RESPONSES_ORIGINAL: {"input": "hello", "prompt_cache_key": "k"}}),
+        );
+        assert_eq!(
+            fingerprint(&responses, None, &r),
+            fingerprint(&other, None, &r)
+        );
     }
 
     /// The document a fingerprint hashes, as bytes.
