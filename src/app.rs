@@ -121,6 +121,7 @@ impl App {
             jobs,
             limits,
             timeline: crate::timeline::Timeline::new(),
+            kept: crate::http::responses::Kept::new(),
         }));
         Ok(App {
             listener,

@@ -2,10 +2,9 @@
 //! caller's identity. Handlers live in one file per area: `openai` (the
 //! chat path and its faces, whose shapes `faces` renders; models),
 //! `embeddings`, `responses` (stored responses), `jobs` (the jobs API),
-//! `ops` (health, metrics,
-//! stats), `admin` (certification, routes, jobs across tenants), `ui` (the
-//! dashboard page); `server` is the accept loop, `error` renders every
-//! failure, `validate` checks bodies.
+//! `ops` (health, metrics, stats), `admin` (certification, routes, jobs
+//! across tenants), `ui` (the dashboard page); `server` is the accept
+//! loop, `error` renders every failure, `validate` checks bodies.
 
 pub mod admin;
 pub mod embeddings;
@@ -53,6 +52,8 @@ pub struct Shared {
     pub limits: Limits,
     /// The last hour at 10-second resolution, for the dashboard.
     pub timeline: crate::timeline::Timeline,
+    /// The responses kept a moment ago (`store: true`): written once a wave.
+    pub kept: responses::Kept,
 }
 
 /// The job workers see the gateway through its handles only.

@@ -528,7 +528,7 @@ fn keeping(
     asked: &ResponsesAsk,
     source: Source,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let store = app.store.clone();
+    let app = app.clone();
     let tenant = tenant.to_string();
     let fp = *fp;
     let echo = asked.echo.clone();
@@ -557,7 +557,7 @@ fn keeping(
             turns: serde_json::Value::Array(turns).to_string(),
             created_at: crate::store::now_ms(),
         };
-        if let Err(e) = store.put_response(&kept).await {
+        if let Err(e) = app.kept.keep(&*app.store, &kept).await {
             tracing::warn!(error = %e, response = %kept.id, "cannot keep a stored response");
         }
     }

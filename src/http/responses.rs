@@ -2,12 +2,71 @@
 //! /v1/responses/{id}` returns one, `DELETE` removes it. Every lookup is
 //! scoped to the caller's tenant: another tenant's id is 404, never 403.
 
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
 use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
+use tokio::sync::OnceCell;
 
 use super::error::ApiError;
 use super::{ApiPath, AppState, Caller};
+use crate::store::{StoreError, StoredResponse};
+
+/// The responses this replica kept a moment ago. Every asker of a shared
+/// answer with `store: true` keeps the same response (same tenant, same
+/// id, same body): a wave of them writes it once, the others wait for that
+/// write, instead of a row write per asker. Forgotten after a minute (well
+/// within any retention) or when the response is deleted.
+pub struct Kept(moka::sync::Cache<(Arc<str>, Arc<str>), Arc<OnceCell<()>>>);
+
+impl Default for Kept {
+    fn default() -> Self {
+        Kept::new()
+    }
+}
+
+impl Kept {
+    pub fn new() -> Kept {
+        Kept(
+            moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(Duration::from_secs(60))
+                .build(),
+        )
+    }
+
+    /// Keeps `kept` in `store`, unless this replica kept it a moment ago.
+    pub async fn keep(
+        &self,
+        store: &dyn crate::store::Store,
+        kept: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.once(&kept.tenant, &kept.id, || store.put_response(kept))
+            .await
+    }
+
+    /// Runs `write` for `(tenant, id)` unless a write for it succeeded a
+    /// moment ago; concurrent callers wait for the one that runs, and try
+    /// again if it failed.
+    async fn once<F, Fut>(&self, tenant: &str, id: &str, write: F) -> Result<(), StoreError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(), StoreError>>,
+    {
+        let cell = self.0.get_with((Arc::from(tenant), Arc::from(id)), || {
+            Arc::new(OnceCell::new())
+        });
+        cell.get_or_try_init(write).await.map(|_| ())
+    }
+
+    /// The response is gone: the next asker keeps it again.
+    pub fn forget(&self, tenant: &str, id: &str) {
+        self.0.invalidate(&(Arc::from(tenant), Arc::from(id)));
+    }
+}
 
 /// `GET /v1/responses/{id}`: the response object as its asker got it.
 pub async fn get(
@@ -34,10 +93,63 @@ pub async fn delete(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = caller.tenant()?;
+    app.kept.forget(&tenant, &id);
     if !app.store.delete_response(&tenant, &id).await? {
         return Err(ApiError::NotFound("response"));
     }
     Ok(Json(
         json!({"id": id, "object": "response.deleted", "deleted": true}),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_wave_keeps_its_response_once_and_a_deleted_one_again() {
+        let kept = Arc::new(Kept::new());
+        let writes = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(tokio::sync::Barrier::new(100));
+        let tasks: Vec<_> = (0..100)
+            .map(|_| {
+                let (kept, writes, barrier) = (kept.clone(), writes.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    kept.once("t1", "resp_a", || async {
+                        writes.fetch_add(1, Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        Ok(())
+                    })
+                    .await
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert_eq!(writes.load(Ordering::SeqCst), 1);
+        // Another tenant's response of the same id is its own.
+        let write = || async {
+            writes.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        kept.once("t2", "resp_a", write).await.unwrap();
+        assert_eq!(writes.load(Ordering::SeqCst), 2);
+        // A failed write is tried again by the next asker.
+        let failed = kept
+            .once("t1", "resp_b", || async {
+                Err(StoreError::Corrupt("no".into()))
+            })
+            .await;
+        assert!(failed.is_err());
+        kept.once("t1", "resp_b", write).await.unwrap();
+        assert_eq!(writes.load(Ordering::SeqCst), 3);
+        // Deleted: kept again.
+        kept.forget("t1", "resp_a");
+        kept.once("t1", "resp_a", write).await.unwrap();
+        assert_eq!(writes.load(Ordering::SeqCst), 4);
+    }
 }

@@ -37,7 +37,7 @@ impl Face {
         match self {
             Face::Messages => json!({"model": "bot", "max_tokens": 256,
                 "messages": [{"role": "user", "content": content}]}),
-            Face::Responses => json!({"model": "bot", "input": content, "store": false}),
+            Face::Responses => json!({"model": "bot", "input": content}),
         }
     }
 
