@@ -20,7 +20,10 @@ use crate::store::{StoreError, StoredResponse};
 /// id, same body): a wave of them writes it once, the others wait for that
 /// write, instead of a row write per asker. Forgotten after a minute (well
 /// within any retention) or when the response is deleted.
-pub struct Kept(moka::sync::Cache<(Arc<str>, Arc<str>), Arc<OnceCell<()>>>);
+pub struct Kept(moka::sync::Cache<KeptKey, Arc<OnceCell<()>>>);
+
+/// A kept response's tenant and id.
+type KeptKey = (Arc<str>, Arc<str>);
 
 impl Default for Kept {
     fn default() -> Self {
