@@ -177,6 +177,25 @@ pub struct Reading {
     pub responses: bool,
 }
 
+impl Reading {
+    /// What a chat request says of its reply's form: whether it streams,
+    /// and whether its stream ends with usage (`stream_options`).
+    pub fn of_chat(chat: &serde_json::Map<String, serde_json::Value>) -> Reading {
+        let stream = chat.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
+        let include_usage = stream
+            && chat
+                .get("stream_options")
+                .and_then(|o| o.get("include_usage"))
+                .and_then(serde_json::Value::as_bool)
+                == Some(true);
+        Reading {
+            stream,
+            include_usage,
+            ..Reading::default()
+        }
+    }
+}
+
 /// One configured provider.
 pub struct Provider {
     pub name: Arc<str>,

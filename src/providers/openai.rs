@@ -139,22 +139,16 @@ fn native(body: &[u8]) -> Option<(Bytes, Reading)> {
     let Value::Object(mut request) = chat.remove(ORIGINAL)? else {
         return None;
     };
-    let mut reading = Reading {
+    let reading = Reading {
         responses: true,
-        ..Reading::default()
+        ..Reading::of_chat(&chat)
     };
     if let Some(model) = chat.remove("model") {
         request.insert("model".into(), model);
     }
     request.insert("store".into(), json!(false));
-    if chat.get("stream").and_then(Value::as_bool) == Some(true) {
+    if reading.stream {
         request.insert("stream".into(), json!(true));
-        reading.stream = true;
-        reading.include_usage = chat
-            .get("stream_options")
-            .and_then(|o| o.get("include_usage"))
-            .and_then(Value::as_bool)
-            == Some(true);
     }
     let body = serde_json::to_vec(&request).ok()?;
     Some((Bytes::from(body), reading))

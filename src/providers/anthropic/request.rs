@@ -62,15 +62,11 @@ pub fn translate(
     if let Some(user) = chat.get("user").and_then(Value::as_str) {
         out.insert("metadata".into(), json!({"user_id": user}));
     }
-    let stream = chat.get("stream").and_then(Value::as_bool) == Some(true);
-    if stream {
+    let form = Reading::of_chat(chat);
+    if form.stream {
         out.insert("stream".into(), json!(true));
         reading.stream = true;
-        reading.include_usage = chat
-            .get("stream_options")
-            .and_then(|o| o.get("include_usage"))
-            .and_then(Value::as_bool)
-            == Some(true);
+        reading.include_usage = form.include_usage;
     }
     if chat.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
         return Err("`n` above 1 has no equivalent in the Messages API".into());
@@ -139,21 +135,15 @@ pub fn as_sent(
     mut original: Map<String, Value>,
     chat: &Map<String, Value>,
 ) -> (Map<String, Value>, Reading) {
-    let mut reading = Reading::default();
+    let reading = Reading::of_chat(chat);
     if let Some(model) = chat.get("model") {
         original.insert("model".into(), model.clone());
     }
     if let Some(user) = chat.get("user").and_then(Value::as_str) {
         original.insert("metadata".into(), json!({"user_id": user}));
     }
-    if chat.get("stream").and_then(Value::as_bool) == Some(true) {
+    if reading.stream {
         original.insert("stream".into(), json!(true));
-        reading.stream = true;
-        reading.include_usage = chat
-            .get("stream_options")
-            .and_then(|o| o.get("include_usage"))
-            .and_then(Value::as_bool)
-            == Some(true);
     }
     (original, reading)
 }
