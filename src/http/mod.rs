@@ -2,9 +2,10 @@
 //! caller's identity. Handlers live in one file per area: `openai` (the
 //! chat path and its faces, whose shapes `faces` renders; models),
 //! `embeddings`, `responses` (stored responses), `jobs` (the jobs API),
-//! `ops` (health, metrics, stats), `admin` (certification, routes, jobs
-//! across tenants), `ui` (the dashboard page); `server` is the accept
-//! loop, `error` renders every failure, `validate` checks bodies.
+//! `tokens` (Anthropic's token count), `ops` (health, metrics, stats),
+//! `admin` (certification, routes, jobs across tenants), `ui` (the
+//! dashboard page); `server` is the accept loop, `error` renders every
+//! failure, `validate` checks bodies.
 
 pub mod admin;
 pub mod embeddings;
@@ -15,6 +16,7 @@ pub mod openai;
 pub mod ops;
 pub mod responses;
 pub mod server;
+pub mod tokens;
 pub mod ui;
 pub mod validate;
 
@@ -251,6 +253,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::ChatPath(Face::Chat)))
         .route("/chat/completions", post(openai::ChatPath(Face::Chat)))
         .route("/v1/messages", post(openai::ChatPath(Face::Messages)))
+        .route("/v1/messages/count_tokens", post(tokens::count_tokens))
         .route("/v1/responses", post(openai::ChatPath(Face::Responses)))
         .route(
             "/v1/responses/{id}",

@@ -789,3 +789,84 @@ async fn a_responses_api_provider_gets_responses_requests_as_sent() {
     assert_eq!(r.status(), 200);
     assert_eq!(last().endpoint, Endpoint::ChatCompletions);
 }
+
+/// `POST /v1/messages/count_tokens`: an Anthropic target counts with its
+/// own API (sent the request as written); an OpenAI model is counted by its
+/// tokenizer; a model neither can count is a 400; errors are Anthropic's.
+#[tokio::test]
+async fn messages_count_tokens_by_the_target_or_its_tokenizer() {
+    use idem::mock_upstream::Endpoint;
+    let request = json!({"model": "bot", "system": "Be brief.",
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Where is my order 1234?", "cache_control": {"type": "ephemeral"}}]}]});
+    let count = |app: &TestApp, body: Value| {
+        app.client
+            .post(app.url("/v1/messages/count_tokens"))
+            .header("x-api-key", ACME)
+            .json(&body)
+            .send()
+    };
+
+    let app = TestApp::with(Spec {
+        primary_kind: ProviderKind::Anthropic,
+        ..Spec::default()
+    })
+    .await;
+    let r = count(&app, request.clone()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let sent = app.mock.stats().last_requests.pop().unwrap();
+    assert_eq!(sent.endpoint, Endpoint::CountTokens);
+    assert_eq!(
+        sent.body,
+        json!({"model": "gpt-4o-mini", "system": "Be brief.", "messages": request["messages"]}),
+        "the request as its client wrote it"
+    );
+    // The mock counts four characters a token, as its answers do.
+    assert!(v["input_tokens"].as_u64().unwrap() > 0, "{v}");
+    let mut unknown = request.clone();
+    unknown["model"] = json!("nope");
+    let r = count(&app, unknown).await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        Face::Messages.error_kind(&r.json().await.unwrap()),
+        "not_found_error"
+    );
+    app.stop().await;
+
+    // An OpenAI model: its tokenizer counts, nothing is sent.
+    let app = TestApp::spawn().await;
+    let r = count(&app, request.clone()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let short: Value = r.json().await.unwrap();
+    let mut longer = request.clone();
+    longer["messages"][0]["content"][0]["text"] =
+        json!("Where is my order 1234? It was due last week.");
+    let long: Value = count(&app, longer).await.unwrap().json().await.unwrap();
+    assert!(
+        long["input_tokens"].as_u64().unwrap() > short["input_tokens"].as_u64().unwrap(),
+        "{short} {long}"
+    );
+    assert_eq!(app.calls(), 0);
+    app.stop().await;
+
+    // A model idem has no tokenizer for, on a provider without a count API.
+    let app = TestApp::with(Spec {
+        extra: "[[routes]]\nmodel = \"llama\"\ntargets = [{ provider = \"primary\", model = \"llama-3.1-8b\" }]\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let mut other = request.clone();
+    other["model"] = json!("llama");
+    let r = count(&app, other).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(Face::Messages.error_kind(&v), "invalid_request_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot count"),
+        "{v}"
+    );
+}
