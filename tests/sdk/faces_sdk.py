@@ -131,6 +131,12 @@ def messages_face(root: str, key: str, model: str, run: str) -> None:
     uses = [b for b in final.content if b.type == "tool_use"]
     check(f"{where}: a streamed tool_use", len(uses) == 1 and "order" in uses[0].input, final)
 
+    if model == "claude":
+        counted = client.messages.count_tokens(
+            model=model, messages=[{"role": "user", "content": f"{run} count me"}]
+        )
+        check(f"{where}: count_tokens", counted.input_tokens > 0, counted)
+
     try:
         client.messages.create(model="no-such-model", max_tokens=16,
                                messages=[{"role": "user", "content": "hi"}])
