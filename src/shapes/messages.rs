@@ -95,9 +95,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "container",
 ];
 
-/// Size of the pieces, in bytes, that [`stream_from_completion`] cuts text and
-/// tool arguments into, so a replayed answer streams like a live one.
-const PIECE_BYTES: usize = 256;
+use super::{PIECE_BYTES, pieces};
 
 /// Returns the field's value, treating JSON `null` as absent.
 fn field<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
@@ -1023,26 +1021,6 @@ fn emit_end(out: &mut String, stop_reason: &str, usage: Usage) {
     emit(out, json!({"type": "message_stop"}));
 }
 
-/// Cuts `text` into pieces of at most `max` bytes, on char boundaries.
-fn pieces(text: &str, max: usize) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(max);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        if cut == 0 {
-            // `max` is smaller than this one char: send the char whole.
-            cut = rest.chars().next().map_or(rest.len(), char::len_utf8);
-        }
-        let (piece, tail) = rest.split_at(cut);
-        out.push(piece);
-        rest = tail;
-    }
-    out
-}
-
 /// Chat completion chunks in, Anthropic SSE events out, as they arrive.
 ///
 /// Text opens a `text` block lazily; a tool call seen for the first time (by
@@ -1939,13 +1917,5 @@ mod tests {
         let message = message_from_completion(&c);
         assert_eq!(Value::Array(blocks), message["content"]);
         assert_eq!(message["content"].as_array().unwrap().len(), 3);
-    }
-
-    #[test]
-    fn pieces_respect_char_boundaries() {
-        assert!(pieces("", 4).is_empty());
-        assert_eq!(pieces("abcdef", 4), ["abcd", "ef"]);
-        assert_eq!(pieces("aé€", 3), ["aé", "€"]);
-        assert_eq!(pieces("🦀x", 2), ["🦀", "x"]);
     }
 }

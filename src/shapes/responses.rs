@@ -39,9 +39,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-/// The largest piece of answer (or refusal) text that [`stream_from_completion`] puts in one
-/// synthesized chunk, in bytes.
-const PIECE: usize = 256;
+use super::{PIECE_BYTES, pieces};
 
 /// Top-level Responses fields this module handles itself (translated, read, dropped or
 /// refused); every other field is copied into the chat request unchanged.
@@ -1561,22 +1559,6 @@ impl StreamTranslator {
     }
 }
 
-/// `text` cut into pieces of at most [`PIECE`] bytes, on char boundaries.
-fn pieces(text: &str) -> Vec<&str> {
-    let mut pieces = Vec::new();
-    let mut rest = text;
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(PIECE);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let (piece, tail) = rest.split_at(cut);
-        pieces.push(piece);
-        rest = tail;
-    }
-    pieces
-}
-
 /// The chat chunks a streaming upstream would have sent for `completion`: a role chunk,
 /// the text and then the refusal in pieces of at most 256 bytes, each tool call whole
 /// in one chunk, the finish chunk, and a usage-only chunk when there is usage.
@@ -1600,11 +1582,11 @@ fn chunks_of(completion: &Value) -> Vec<Value> {
     let message = choice.and_then(|c| c.get("message"));
     if let Some(message) = message {
         let text = message.get("content").map(text_of).unwrap_or_default();
-        for piece in pieces(&text) {
+        for piece in pieces(&text, PIECE_BYTES) {
             chunks.push(delta(json!({"content": piece})));
         }
         let refusal = message.get("refusal").map(text_of).unwrap_or_default();
-        for piece in pieces(&refusal) {
+        for piece in pieces(&refusal, PIECE_BYTES) {
             chunks.push(delta(json!({"refusal": piece})));
         }
         let calls = message

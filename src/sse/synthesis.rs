@@ -4,11 +4,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-/// Largest piece of text (content, refusal, tool arguments) sent in one
-/// synthesized chunk. A live stream sends a token or so per chunk; a replay
-/// has the whole answer at hand and sends it in a few chunks, still small
-/// enough that a client renders it progressively.
-const PIECE_BYTES: usize = 256;
+use crate::shapes::{PIECE_BYTES, pieces};
 
 /// Renders a plain `chat.completion` as an SSE byte stream a client cannot
 /// tell from a real one.
@@ -178,7 +174,7 @@ fn synthesize_choice(stream: &mut Stream, choice: &Value, position: usize) {
         } else {
             None
         };
-        for piece in pieces(text) {
+        for piece in pieces(text, PIECE_BYTES) {
             let logprobs = lp.take().map_or(
                 Value::Null,
                 |items| json!({"content": null, "refusal": items}),
@@ -220,7 +216,7 @@ fn synthesize_choice(stream: &mut Stream, choice: &Value, position: usize) {
             }
             _ => {
                 let mut lp = tokens;
-                for piece in pieces(text) {
+                for piece in pieces(text, PIECE_BYTES) {
                     let logprobs = lp.take().map_or(
                         Value::Null,
                         |items| json!({"content": items, "refusal": null}),
@@ -265,7 +261,7 @@ fn synthesize_choice(stream: &mut Stream, choice: &Value, position: usize) {
                 }
             }
             stream.delta(&index, json!({"tool_calls": [head]}));
-            for piece in pieces(arguments) {
+            for piece in pieces(arguments, PIECE_BYTES) {
                 stream.delta(
                     &index,
                     json!({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}),
@@ -284,34 +280,13 @@ fn synthesize_choice(stream: &mut Stream, choice: &Value, position: usize) {
             .get("arguments")
             .and_then(Value::as_str)
             .unwrap_or("");
-        for piece in pieces(arguments) {
+        for piece in pieces(arguments, PIECE_BYTES) {
             stream.delta(&index, json!({"function_call": {"arguments": piece}}));
         }
     }
 
     let finish_reason = choice.get("finish_reason").cloned().unwrap_or(Value::Null);
     stream.chunk(&index, json!({}), Value::Null, finish_reason);
-}
-
-/// Splits text into pieces of at most [`PIECE_BYTES`] (more only for a
-/// single character that is longer), on character boundaries.
-fn pieces(text: &str) -> impl Iterator<Item = &str> {
-    let mut rest = text;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let mut end = rest.len().min(PIECE_BYTES);
-        while !rest.is_char_boundary(end) {
-            end -= 1;
-        }
-        if end == 0 {
-            end = rest.chars().next().map_or(rest.len(), char::len_utf8);
-        }
-        let (piece, tail) = rest.split_at(end);
-        rest = tail;
-        Some(piece)
-    })
 }
 
 #[cfg(test)]
