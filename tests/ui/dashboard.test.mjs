@@ -390,10 +390,13 @@ test('a wave of identical requests: incoming +50, upstream +1, saved +49, on scr
     assert.equal(after['saved-calls'], before['saved-calls'] + WAVE - 1, `saved calls on ${model}`);
   }
 
-  // The 400 ms wave had real followers: their waits are on screen.
+  // The 400 ms wave had real followers: their waits are on screen. Half
+  // the followers are the built-in mock wave's, whose waits are short, so
+  // the median sits between the two waves: the slow wave shows in the
+  // upper percentiles.
   const waits = await figures('wait-p50', 'wait-p95', 'wait-p99', 'followers', 'duplicate-share');
   assert.ok(waits.followers >= WAVE - 1, `followers: ${JSON.stringify(waits)}`);
-  assert.ok(waits['wait-p50'] > 50 && waits['wait-p50'] <= waits['wait-p95'] && waits['wait-p95'] <= waits['wait-p99'],
+  assert.ok(waits['wait-p95'] > 200 && waits['wait-p50'] <= waits['wait-p95'] && waits['wait-p95'] <= waits['wait-p99'],
     `wait percentiles: ${JSON.stringify(waits)}`);
   assert.ok(waits['duplicate-share'] > 0.9, `duplicate share: ${JSON.stringify(waits)}`);
 
