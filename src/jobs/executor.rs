@@ -2,10 +2,11 @@
 //!
 //! One dispatcher per replica claims queued jobs in batches (the store
 //! hands each queued job to exactly one claimer), as many as there are
-//! free slots of `jobs.workers`, and starts their first attempts in one
-//! transaction for the batch; each job then runs as its own task, holding
-//! its slot (a semaphore permit, not a database connection) until it is
-//! done. It makes attempts until one completes the job, the job's budget
+//! free slots of `jobs.workers`, and starts their first attempts in the
+//! claim's transaction; each job then runs as its own task, holding its
+//! slot (a semaphore permit, not a database connection) until its answer
+//! is in the hands of the writer of completions, or until it is done
+//! otherwise. It makes attempts until one completes the job, the job's budget
 //! runs out, or an attempt ends `unknown`, which holds the job (a timeout
 //! is never a failure). Completions are written in groups, one transaction
 //! for those that arrive together (each still a compare-and-swap of its
@@ -37,6 +38,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -54,8 +56,8 @@ use crate::flight::{FlightError, RequestBody, Source};
 use crate::jobs::Env;
 use crate::routes::Route;
 use crate::store::{
-    AttemptRecord, AttemptResult, AttemptState, Completion, JobRecord, NewAttempt, StartAttempt,
-    Store, StoreError, now_ms,
+    AttemptRecord, AttemptResult, AttemptState, Backend, Completion, JobRecord, NewAttempt,
+    StartAttempt, Store, StoreError, now_ms,
 };
 use crate::task::{AttemptRules, CachePolicy, Count, Finish, Task};
 use crate::telemetry::{Attribute, EndOnDrop, attr};
@@ -89,8 +91,15 @@ fn ms(d: Duration) -> i64 {
 /// Most jobs one claim takes (and first attempts one transaction starts).
 const MAX_CLAIM: usize = 128;
 
+/// Claims a dispatcher has out at once on PostgreSQL (`FOR UPDATE SKIP
+/// LOCKED` gives each its own jobs).
+const CLAIMS_IN_FLIGHT: usize = 2;
+
 /// Most completions one transaction writes.
 const MAX_COMPLETIONS: usize = 256;
+
+/// Most completions waiting for the writer (a few transactions' worth).
+const COMPLETIONS_WAITING: usize = 4 * MAX_COMPLETIONS;
 
 /// Starts this replica's executor: a dispatcher that runs up to
 /// `jobs.workers` jobs at once (none on an API-only replica), and the
@@ -110,7 +119,10 @@ pub fn spawn(app: &Env, shutdown: &CancellationToken, tracker: &TaskTracker) {
     ));
 }
 
-/// Claims queued jobs while slots are free and starts a task per job.
+/// Claims queued jobs while slots are free and starts a task per job. On
+/// PostgreSQL up to [`CLAIMS_IN_FLIGHT`] claims run at once: a slot freed
+/// while one is on its way to the database goes into the next, instead of
+/// waiting for the first to return.
 async fn dispatch(
     app: Env,
     shutdown: CancellationToken,
@@ -119,7 +131,35 @@ async fn dispatch(
     workers: usize,
 ) {
     let slots = Arc::new(Semaphore::new(workers));
+    // SQLite has one writer: a second claim would only queue behind the
+    // first (and the jobs being created) for it.
+    let in_flight = match app.jobs().store.backend() {
+        Backend::Sqlite => 1,
+        Backend::Postgres => CLAIMS_IN_FLIGHT,
+    };
+    let claims = Arc::new(Semaphore::new(in_flight));
+    // Whether the last claim to return found the queue empty (or could
+    // not read it): the next waits for news.
+    let drained = Arc::new(AtomicBool::new(false));
     loop {
+        let turn = tokio::select! {
+            () = shutdown.cancelled() => return,
+            permit = claims.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        if drained.load(Ordering::Acquire) {
+            // A job created on this replica wakes the dispatcher (a wake-up
+            // that came while a claim was out is kept for this wait);
+            // jobs created elsewhere are found by the poll.
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = app.jobs().woken() => {}
+                () = tokio::time::sleep(app.live().config.jobs.poll_interval) => {}
+            }
+            drained.store(false, Ordering::Release);
+        }
         let first = tokio::select! {
             () = shutdown.cancelled() => return,
             permit = slots.clone().acquire_owned() => match permit {
@@ -137,35 +177,60 @@ async fn dispatch(
                 Err(_) => break,
             }
         }
-        let asked = permits.len();
-        let claimed = match claim(&app, asked).await {
-            Ok(claimed) => claimed,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot claim jobs");
-                Vec::new()
+        let (app, tracker, completer, drained) = (
+            app.clone(),
+            tracker.clone(),
+            completer.clone(),
+            drained.clone(),
+        );
+        tracker.clone().spawn(async move {
+            let asked = permits.len();
+            let claimed = match claim(&app, asked).await {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot claim jobs");
+                    Vec::new()
+                }
+            };
+            // A full claim: the queue may hold more, claim again as soon
+            // as a slot is free.
+            drained.store(claimed.len() < asked, Ordering::Release);
+            for (job, permit) in claimed.into_iter().zip(permits) {
+                let (app, completer) = (app.clone(), completer.clone());
+                tracker.spawn(run_job_in(app, job, completer, Slot::new(permit)));
             }
-        };
-        let more = claimed.len() == asked;
-        for (job, permit) in claimed.into_iter().zip(permits.drain(..)) {
-            let (app, completer) = (app.clone(), completer.clone());
-            tracker.spawn(run_job_in(app, job, completer, permit));
-        }
-        drop(permits);
-        if more {
-            // The queue may hold more: claim again once a slot is free.
-            continue;
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = app.jobs().woken() => {}
-            () = tokio::time::sleep(app.live().config.jobs.poll_interval) => {}
-        }
+            drop(turn);
+        });
     }
 }
 
-async fn run_job_in(app: Env, job: Claimed, completer: Completer, slot: OwnedSemaphorePermit) {
-    run_job(&app, job, &completer).await;
-    drop(slot);
+async fn run_job_in(app: Env, job: Claimed, completer: Completer, slot: Slot) {
+    run_job(&app, job, &completer, &slot).await;
+    slot.release();
+}
+
+/// A job's slot of `jobs.workers`, shared by its run and its attempts. It
+/// is given back when the run ends, or as soon as an attempt's answer is
+/// handed to the writer of completions: from there on the run makes no
+/// provider call (the answer completes the job, loses to another, or,
+/// when the store fails, holds it), and the next job need not wait for
+/// the database's commit.
+#[derive(Clone)]
+struct Slot(Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit) -> Slot {
+        Slot(Arc::new(std::sync::Mutex::new(Some(permit))))
+    }
+
+    /// Gives the slot back (once; later calls do nothing).
+    fn release(&self) {
+        let permit = match self.0.lock() {
+            Ok(mut held) => held.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        drop(permit);
+    }
 }
 
 /// What a job needs to run: its route, its request and fingerprint.
@@ -197,94 +262,69 @@ fn prepare(app: &Env, job: &JobRecord) -> Result<Prepared, String> {
 struct Claimed {
     job: JobRecord,
     prepared: Result<Prepared, String>,
-    /// The job's attempts before this run (None: not read).
-    earlier: Option<Vec<AttemptRecord>>,
-    /// The first attempt of this run, started with the claim's batch, and
-    /// its target.
-    first: Option<(StartAttempt, usize)>,
+    /// The job's attempts before this run.
+    earlier: Vec<AttemptRecord>,
+    /// The first attempt of this run, started with the claim, and its
+    /// target.
+    first: Option<(AttemptRecord, usize)>,
 }
 
-/// Claims up to `limit` queued jobs (one statement), reads their earlier
-/// attempts (one query) and starts the first attempt of each that may make
-/// one (one transaction for the batch).
+/// Claims up to `limit` queued jobs and starts the first attempt of each
+/// that may make one, in one transaction for the batch: the choice its
+/// run would make (budget, then the target walk).
 async fn claim(app: &Env, limit: usize) -> Result<Vec<Claimed>, StoreError> {
     let cfg = &app.live().config.jobs;
     let (store, worker) = (&app.jobs().store, &app.jobs().worker_id);
     let now = now_ms();
     let limit = u32::try_from(limit).unwrap_or(u32::MAX);
-    let jobs = store
-        .claim_jobs(worker, now, now + ms(cfg.claim_lease), limit)
-        .await?;
-    if jobs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
-    let mut earlier: Option<HashMap<String, Vec<AttemptRecord>>> =
-        match store.attempts_of(&ids).await {
-            Ok(list) => {
-                let mut by_job: HashMap<String, Vec<AttemptRecord>> = HashMap::new();
-                for a in list {
-                    by_job.entry(a.job_id.clone()).or_default().push(a);
-                }
-                Some(by_job)
-            }
-            // The jobs run anyway, each reading its own attempts.
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the claimed jobs' attempts");
-                None
-            }
-        };
-    let mut claimed = Vec::with_capacity(jobs.len());
-    let mut starts = Vec::new();
-    let mut targets = Vec::new();
-    for job in jobs {
-        let before = earlier
-            .as_mut()
-            .map(|e| e.remove(&job.id).unwrap_or_default());
-        let prepared = prepare(app, &job);
-        // The first attempt of the run, if the job may make one: the same
-        // choice its run would make (budget, then the target walk).
-        if let (Ok(p), Some(before)) = (&prepared, &before) {
-            let used = budgeted(before);
-            if used < attempt_budget(&p.route.config.attempts, &job)
-                && !before.iter().any(|a| a.state.is_active())
+    let mut prepared: HashMap<String, (Result<Prepared, String>, Option<usize>)> = HashMap::new();
+    let mut choose = |job: &JobRecord, earlier: &[AttemptRecord]| {
+        let p = prepare(app, job);
+        let mut pick = None;
+        if let Ok(p) = &p {
+            let used = budgeted(earlier);
+            if used < attempt_budget(&p.route.config.attempts, job)
+                && !earlier.iter().any(|a| a.state.is_active())
                 && let Ok(target) = failover::Walk::attempt(&p.route, used).first(app.metrics())
                 && let Some(t) = p.route.targets.get(target)
             {
-                starts.push(NewAttempt {
-                    job_id: job.id.clone(),
-                    provider: t.provider.name.to_string(),
-                    model: t.model.to_string(),
-                    hedge: false,
-                });
-                targets.push((claimed.len(), target));
+                pick = Some((
+                    NewAttempt {
+                        provider: t.provider.name.to_string(),
+                        model: t.model.to_string(),
+                    },
+                    target,
+                ));
             }
         }
-        claimed.push(Claimed {
-            job,
-            prepared,
-            earlier: before,
-            first: None,
-        });
-    }
-    if !starts.is_empty() {
-        let now = now_ms();
-        let started = store
-            .start_attempts(&starts, worker, now, now + ms(cfg.attempt_lease))
-            .await;
-        match started {
-            Ok(started) => {
-                for ((i, target), outcome) in targets.into_iter().zip(started) {
-                    if let Some(c) = claimed.get_mut(i) {
-                        c.first = Some((outcome, target));
-                    }
-                }
+        let (to, target) = pick.unzip();
+        prepared.insert(job.id.clone(), (p, target));
+        to
+    };
+    let claimed = store
+        .claim_and_start(
+            worker,
+            now,
+            now + ms(cfg.claim_lease),
+            now + ms(cfg.attempt_lease),
+            limit,
+            &mut choose,
+        )
+        .await?;
+    Ok(claimed
+        .into_iter()
+        .map(|c| {
+            let (prepared, target) = prepared
+                .remove(&c.job.id)
+                .unwrap_or_else(|| (Err("the claimed job was not prepared".into()), None));
+            Claimed {
+                first: c.started.zip(target),
+                job: c.job,
+                prepared,
+                earlier: c.earlier,
             }
-            // Nothing was started: each job tries on its own.
-            Err(e) => tracing::warn!(error = %e, "cannot start the claimed jobs' attempts"),
-        }
-    }
-    Ok(claimed)
+        })
+        .collect())
 }
 
 /// The targets automatic attempts may use, in order, health aside. The
@@ -308,14 +348,15 @@ pub fn budgeted(attempts: &[AttemptRecord]) -> usize {
 }
 
 /// Runs one claimed job until it is completed, held, or out of attempts.
-async fn run_job(app: &Env, claimed: Claimed, completer: &Completer) {
+async fn run_job(app: &Env, claimed: Claimed, completer: &Completer, slot: &Slot) {
     let store = &app.jobs().store;
     let Claimed {
         job,
         prepared,
-        earlier: mut known,
+        earlier,
         first: mut pre,
     } = claimed;
+    let mut known = Some(earlier);
     let job_id = job.id.as_str();
     let fail = |reason: String| async move {
         if let Err(e) = app.jobs().store.fail_job(job_id, &reason, now_ms()).await {
@@ -386,7 +427,7 @@ async fn run_job(app: &Env, claimed: Claimed, completer: &Completer) {
         }
         // The dispatcher may have started this round's attempt already.
         let chosen = match pre.take() {
-            Some((started, target)) => Ok((target, Some(started))),
+            Some((started, target)) => Ok((target, Some(StartAttempt::Started(started)))),
             None => failover::Walk::attempt(&route, used)
                 .first(app.metrics())
                 .map(|target| (target, None)),
@@ -416,6 +457,7 @@ async fn run_job(app: &Env, claimed: Claimed, completer: &Completer) {
                     fp,
                     earlier: &earlier,
                     completer,
+                    slot,
                 };
                 round.run(target, policy.hedge_after, started).await
             }
@@ -480,6 +522,7 @@ struct RoundCtx<'a> {
     /// The job's attempts before this round.
     earlier: &'a [AttemptRecord],
     completer: &'a Completer,
+    slot: &'a Slot,
 }
 
 impl RoundCtx<'_> {
@@ -601,6 +644,7 @@ impl RoundCtx<'_> {
             share: !retry,
             attempt,
             completer: self.completer.clone(),
+            slot: self.slot.clone(),
         };
         tokio::spawn(ctx.run(tx));
         Ok(rx)
@@ -642,6 +686,7 @@ struct AttemptCtx {
     share: bool,
     attempt: AttemptRecord,
     completer: Completer,
+    slot: Slot,
 }
 
 impl AttemptCtx {
@@ -818,7 +863,11 @@ impl AttemptCtx {
             read_version: a.read_version,
             result: String::from_utf8_lossy(&plain).into_owned(),
         };
-        match self.completer.complete(&app.jobs().store, result).await {
+        match self
+            .completer
+            .complete(&app.jobs().store, result, &self.slot)
+            .await
+        {
             Ok(Completion::Won(_)) => {
                 app.metrics().attempt(&answer.provider, "succeeded");
                 tracing::info!(job = %a.job_id, attempt = a.n, "attempt completed the job");
@@ -941,9 +990,12 @@ type Reply = oneshot::Sender<Result<Completion, String>>;
 /// those that arrive together in one transaction (a group commit: one
 /// database round of locks, updates and commit for many jobs, where each
 /// job used to take its own). Every completion is still the job's
-/// compare-and-swap, settled as if alone.
+/// compare-and-swap, settled as if alone. At most [`COMPLETIONS_WAITING`]
+/// wait for the writer: past that, a job keeps its slot until its result
+/// finds room, so that a store slower than the provider slows the claims
+/// instead of piling results up in memory.
 #[derive(Clone)]
-struct Completer(mpsc::UnboundedSender<(AttemptResult, Reply)>);
+struct Completer(mpsc::Sender<(AttemptResult, Reply)>);
 
 impl Completer {
     fn start(
@@ -951,31 +1003,31 @@ impl Completer {
         shutdown: &CancellationToken,
         tracker: &TaskTracker,
     ) -> Completer {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(COMPLETIONS_WAITING);
         tracker.spawn(write_completions(store, rx, shutdown.clone()));
         Completer(tx)
     }
 
     /// Completes the job with this attempt's result (through the writer,
-    /// or directly once it has stopped).
+    /// or directly once it has stopped). The job's slot is given back once
+    /// the writer has the result.
     async fn complete(
         &self,
         store: &Arc<dyn Store>,
         r: AttemptResult,
+        slot: &Slot,
     ) -> Result<Completion, String> {
         let (tx, rx) = oneshot::channel();
-        let r = match self.0.send((r, tx)) {
-            Ok(()) => match rx.await {
-                Ok(done) => return done,
-                // The writer stopped (shutdown) before taking it: nothing
-                // was written.
-                Err(_) => None,
-            },
-            Err(mpsc::error::SendError((r, _))) => Some(r),
-        };
-        let r = match r {
-            Some(r) => r,
-            None => return Err("the completion writer stopped".into()),
+        let r = match self.0.send((r, tx)).await {
+            Ok(()) => {
+                slot.release();
+                // Err: the writer stopped (shutdown) before taking it,
+                // nothing was written.
+                return rx
+                    .await
+                    .unwrap_or_else(|_| Err("the completion writer stopped".into()));
+            }
+            Err(mpsc::error::SendError((r, _))) => r,
         };
         store
             .complete(&r.job_id, r.n, r.read_version, &r.result, now_ms())
@@ -990,7 +1042,7 @@ impl Completer {
 /// (or a deadlock the database broke) costs no other job its result.
 async fn write_completions(
     store: Arc<dyn Store>,
-    mut rx: mpsc::UnboundedReceiver<(AttemptResult, Reply)>,
+    mut rx: mpsc::Receiver<(AttemptResult, Reply)>,
     shutdown: CancellationToken,
 ) {
     let mut batch = Vec::with_capacity(MAX_COMPLETIONS);

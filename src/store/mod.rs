@@ -250,13 +250,29 @@ pub enum Created {
     Existing(JobRecord),
 }
 
-/// An attempt to start, one of a batch (see [`Store::start_attempts`]).
+/// The target of a claimed job's first attempt (see
+/// [`Store::claim_and_start`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewAttempt {
-    pub job_id: String,
     pub provider: String,
     pub model: String,
-    pub hedge: bool,
+}
+
+/// What [`Store::claim_and_start`] is told, per claimed job (with its
+/// earlier attempts, by number): the target of the attempt to start, if
+/// any. Called once per job, in the order the claim returns them.
+pub type Chooser<'a> =
+    &'a mut (dyn FnMut(&JobRecord, &[AttemptRecord]) -> Option<NewAttempt> + Send);
+
+/// A job [`Store::claim_and_start`] claimed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedJob {
+    /// The job as claimed (`running`, the claim's version).
+    pub job: JobRecord,
+    /// Its attempts before the claim, by number.
+    pub earlier: Vec<AttemptRecord>,
+    /// The attempt started with the claim, if one was chosen.
+    pub started: Option<AttemptRecord>,
 }
 
 /// An attempt's result, one of a batch of completions (see
@@ -357,9 +373,6 @@ pub trait Store: Send + Sync + 'static {
     /// The attempts of a job, by number.
     async fn attempts(&self, job_id: &str) -> Result<Vec<AttemptRecord>>;
 
-    /// The attempts of several jobs (one query), by job id and number.
-    async fn attempts_of(&self, job_ids: &[String]) -> Result<Vec<AttemptRecord>>;
-
     /// A tenant's jobs, newest first, optionally of one state, strictly
     /// after `before`.
     async fn list_jobs(
@@ -383,14 +396,21 @@ pub trait Store: Send + Sync + 'static {
     /// Claims up to `limit` queued jobs whose `not_before <= now`, oldest
     /// first: they become `running`, claimed by `worker` until
     /// `claim_until`, version + 1. Concurrent claimers never get the same
-    /// job (`FOR UPDATE SKIP LOCKED` on PostgreSQL).
-    async fn claim_jobs(
+    /// job (`FOR UPDATE SKIP LOCKED` on PostgreSQL). In the same
+    /// transaction, it reads each job's attempts and starts the first
+    /// attempt of this run where `choose` names a target and no attempt is
+    /// active: as [`Store::start_attempt`] would, `starting`, owned by
+    /// `worker`, leased until `lease_until`, with the claim's version as
+    /// `read_version`. The jobs come back oldest first.
+    async fn claim_and_start(
         &self,
         worker: &str,
         now: i64,
         claim_until: i64,
+        lease_until: i64,
         limit: u32,
-    ) -> Result<Vec<JobRecord>>;
+        choose: Chooser<'_>,
+    ) -> Result<Vec<ClaimedJob>>;
 
     /// Extends the claim while `worker` still holds it.
     async fn renew_claim(&self, job_id: &str, worker: &str, claim_until: i64) -> Result<bool>;
@@ -429,19 +449,6 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
         lease_until: i64,
     ) -> Result<StartAttempt>;
-
-    /// [`Store::start_attempt`] for a batch, in one transaction: each
-    /// entry is checked and started as if alone, in order (a second entry
-    /// of the same job is `Busy` unless a hedge). One result per entry, in
-    /// the same order. The job rows are locked in id order, so two batches
-    /// never wait on each other in a cycle.
-    async fn start_attempts(
-        &self,
-        batch: &[NewAttempt],
-        owner: &str,
-        now: i64,
-        lease_until: i64,
-    ) -> Result<Vec<StartAttempt>>;
 
     /// `starting` -> `running` (the provider answered with headers).
     async fn attempt_running(&self, job_id: &str, n: i32) -> Result<bool>;

@@ -55,7 +55,7 @@ impl Dialect for PgStore {
     // names its rows as `= ANY(ARRAY(...))` of the JSON parameter: the
     // planner then reads them by index, where a join on the JSON function
     // (estimated at 100 rows) scanned the whole table.
-    const LOCK_JOBS: &'static str = "SELECT id, state, version, completed_by FROM jobs
+    const LOCK_JOBS: &'static str = "SELECT id, version, completed_by FROM jobs
          WHERE id = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST($1 AS jsonb))))
          ORDER BY id
          FOR UPDATE";
@@ -63,11 +63,6 @@ impl Dialect for PgStore {
          WHERE job_id = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST($1 AS jsonb))))
          ORDER BY job_id, n
          FOR UPDATE";
-    const ATTEMPT_COUNTS: &'static str =
-        "SELECT job_id, COUNT(*) FILTER (WHERE state IN ('starting', 'running', 'unknown')),
-                CAST(MAX(n) AS BIGINT)
-         FROM attempts WHERE job_id = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST($1 AS jsonb))))
-         GROUP BY job_id";
     const ATTEMPTS_OF: &'static str = "SELECT * FROM attempts
          WHERE job_id = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST($1 AS jsonb))))";
     const INSERT_ATTEMPTS: &'static str =

@@ -9,6 +9,13 @@
 //! parameter's type (`$N IS NULL`) the text says `CAST($N AS TEXT)` (or
 //! `BIGINT`), which changes nothing on SQLite for a value of that type.
 //!
+//! The statements that look rows up by a list of ids (a batch's) are
+//! planned at each execution, not prepared once and cached per connection
+//! (`persistent(false)`): PostgreSQL would keep the plan it made while the
+//! tables were small (a fresh database), a scan of the whole table, long
+//! after they have grown, until the next ANALYZE. A batch is one statement
+//! for many jobs, so planning it each time costs little.
+//!
 //! A method that checks something and then writes runs in one transaction
 //! begun by [`Dialect::begin_write`] and reads the job row with
 //! [`Dialect::LOCK_JOB`] first: on SQLite the transaction holds the write
@@ -20,18 +27,19 @@ use std::future::Future;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use sqlx::database::HasStatementCache;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Transaction, Type};
 
 use super::rows::{self, AttemptRow, CertificationRow, JobRow};
 use super::{
-    AttemptRecord, AttemptResult, AttemptState, Backend, Certification, Completion, Created,
-    Cursor, JobRecord, JobState, NewAttempt, NewJob, Result, StartAttempt, Store, StoreError,
-    StoredResponse,
+    AttemptRecord, AttemptResult, AttemptState, Backend, Certification, Chooser, ClaimedJob,
+    Completion, Created, Cursor, JobRecord, JobState, NewJob, Result, StartAttempt, Store,
+    StoreError, StoredResponse,
 };
 
 /// What one database does differently; everything else is shared.
 pub(super) trait Dialect: Send + Sync + 'static {
-    type Db: Database;
+    type Db: Database + HasStatementCache;
 
     const BACKEND: Backend;
 
@@ -39,13 +47,13 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// kept from change until the transaction ends.
     const LOCK_JOB: &'static str;
 
-    /// [`Store::claim_jobs`] in one statement: up to `$4` queued jobs whose
+    /// The claim of [`Store::claim_and_start`] in one statement: up to `$4` queued jobs whose
     /// `not_before <= $2`, oldest first, become `running`, claimed by `$1`
     /// until `$3`, version + 1, updated at `$2`; `RETURNING` them (in any
     /// order). No two claimers may pick the same job.
     const CLAIM: &'static str;
 
-    /// In a write transaction, `SELECT id, state, version, completed_by`
+    /// In a write transaction, `SELECT id, version, completed_by`
     /// of the jobs whose ids are in the JSON array `$1`, in id order, the
     /// rows kept from change until the transaction ends.
     const LOCK_JOBS: &'static str;
@@ -54,11 +62,6 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// of the jobs in the JSON array `$1`, the rows kept from change until
     /// the transaction ends.
     const LOCK_ATTEMPTS: &'static str;
-
-    /// `SELECT job_id, active, last` per job of the JSON array `$1` that
-    /// has attempts: how many are `starting`/`running`/`unknown`, and the
-    /// highest `n`.
-    const ATTEMPT_COUNTS: &'static str;
 
     /// `SELECT *` of the attempts of the jobs in the JSON array `$1`.
     const ATTEMPTS_OF: &'static str;
@@ -119,7 +122,6 @@ where
 
 /// A job row as [`Dialect::LOCK_JOBS`] reads it.
 struct Locked {
-    state: JobState,
     version: i64,
     completed_by: Option<i32>,
 }
@@ -135,31 +137,42 @@ where
     for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
     <D::Db as Database>::Arguments: IntoArguments<D::Db>,
     for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
-    for<'r> (String, String, i64, Option<i32>): FromRow<'r, Row<D>>,
+    for<'r> (String, i64, Option<i32>): FromRow<'r, Row<D>>,
 {
-    let rows: Vec<(String, String, i64, Option<i32>)> = sqlx::query_as(D::LOCK_JOBS)
+    let rows: Vec<(String, i64, Option<i32>)> = sqlx::query_as(D::LOCK_JOBS)
+        .persistent(false)
         .bind(ids)
         .fetch_all(conn)
         .await?;
-    rows.into_iter()
-        .map(|(id, state, version, completed_by)| {
-            let state = rows::job_state(&id, &state)?;
-            Ok((
+    Ok(rows
+        .into_iter()
+        .map(|(id, version, completed_by)| {
+            (
                 id,
                 Locked {
-                    state,
                     version,
                     completed_by,
                 },
-            ))
+            )
         })
-        .collect()
+        .collect())
 }
 
 /// The distinct job ids of a batch as a JSON array (the statements' `$1`).
 fn json_ids<'a>(ids: impl Iterator<Item = &'a str>) -> String {
     let set: BTreeSet<&str> = ids.collect();
     Value::from(set.into_iter().collect::<Vec<_>>()).to_string()
+}
+
+/// The number of a job's next attempt: one past the highest so far.
+fn next_attempt(job_id: &str, earlier: &[AttemptRecord]) -> Result<i32> {
+    earlier
+        .iter()
+        .map(|a| a.n)
+        .max()
+        .unwrap_or(0)
+        .checked_add(1)
+        .ok_or_else(|| StoreError::Corrupt(format!("job {job_id}: too many attempts")))
 }
 
 // The bounds: what the shared statements bind and read, which both sqlx
@@ -183,9 +196,8 @@ where
     for<'r> (String,): FromRow<'r, Row<D>>,
     for<'r> (String, i64): FromRow<'r, Row<D>>,
     for<'r> (i64, i64): FromRow<'r, Row<D>>,
-    for<'r> (String, i64, i64): FromRow<'r, Row<D>>,
     for<'r> (String, i32, String): FromRow<'r, Row<D>>,
-    for<'r> (String, String, i64, Option<i32>): FromRow<'r, Row<D>>,
+    for<'r> (String, i64, Option<i32>): FromRow<'r, Row<D>>,
 {
     fn backend(&self) -> Backend {
         D::BACKEND
@@ -261,20 +273,6 @@ where
         rows::attempts(rows)
     }
 
-    async fn attempts_of(&self, job_ids: &[String]) -> Result<Vec<AttemptRecord>> {
-        if job_ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ids = json_ids(job_ids.iter().map(String::as_str));
-        let rows: Vec<AttemptRow> = sqlx::query_as(D::ATTEMPTS_OF)
-            .bind(ids.as_str())
-            .fetch_all(self.reader())
-            .await?;
-        let mut attempts = rows::attempts(rows)?;
-        attempts.sort_by(|a, b| (&a.job_id, a.n).cmp(&(&b.job_id, b.n)));
-        Ok(attempts)
-    }
-
     async fn list_jobs(
         &self,
         tenant: &str,
@@ -322,24 +320,83 @@ where
         rows::jobs(rows)
     }
 
-    async fn claim_jobs(
+    async fn claim_and_start(
         &self,
         worker: &str,
         now: i64,
         claim_until: i64,
+        lease_until: i64,
         limit: u32,
-    ) -> Result<Vec<JobRecord>> {
+        choose: Chooser<'_>,
+    ) -> Result<Vec<ClaimedJob>> {
+        let mut tx = self.begin_write().await?;
+        // The claim locks the rows it takes (PostgreSQL; SQLite's write
+        // lock covers everything) until the commit: nobody starts, ends or
+        // completes an attempt of these jobs meanwhile.
         let rows: Vec<JobRow> = sqlx::query_as(D::CLAIM)
             .bind(worker)
             .bind(now)
             .bind(claim_until)
             .bind(i64::from(limit))
-            .fetch_all(self.writer())
+            .fetch_all(&mut *tx)
             .await?;
         let mut jobs = rows::jobs(rows)?;
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
         // RETURNING gives no order guarantee.
         jobs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        Ok(jobs)
+        let ids = json_ids(jobs.iter().map(|j| j.id.as_str()));
+        let rows: Vec<AttemptRow> = sqlx::query_as(D::ATTEMPTS_OF)
+            .persistent(false)
+            .bind(ids.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut by_job: HashMap<String, Vec<AttemptRecord>> = HashMap::new();
+        for a in rows::attempts(rows)? {
+            by_job.entry(a.job_id.clone()).or_default().push(a);
+        }
+        let mut claimed = Vec::with_capacity(jobs.len());
+        let mut inserts = Vec::new();
+        for job in jobs {
+            let mut earlier = by_job.remove(&job.id).unwrap_or_default();
+            earlier.sort_by_key(|a| a.n);
+            if let Some(to) = choose(&job, &earlier)
+                && !earlier.iter().any(|a| a.state.is_active())
+            {
+                inserts.push(json!({
+                    "job_id": job.id,
+                    "n": next_attempt(&job.id, &earlier)?,
+                    "provider": to.provider,
+                    "model": to.model,
+                    "hedge": false,
+                    "read_version": job.version,
+                }));
+            }
+            claimed.push(ClaimedJob {
+                job,
+                earlier,
+                started: None,
+            });
+        }
+        if !inserts.is_empty() {
+            let rows: Vec<AttemptRow> = sqlx::query_as(D::INSERT_ATTEMPTS)
+                .bind(Value::from(inserts).to_string().as_str())
+                .bind(worker)
+                .bind(now)
+                .bind(lease_until)
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut started: HashMap<String, AttemptRecord> = rows::attempts(rows)?
+                .into_iter()
+                .map(|a| (a.job_id.clone(), a))
+                .collect();
+            for c in &mut claimed {
+                c.started = started.remove(&c.job.id);
+            }
+        }
+        tx.commit().await?;
+        Ok(claimed)
     }
 
     async fn renew_claim(&self, job_id: &str, worker: &str, claim_until: i64) -> Result<bool> {
@@ -420,103 +477,46 @@ where
         now: i64,
         lease_until: i64,
     ) -> Result<StartAttempt> {
-        let one = NewAttempt {
-            job_id: job_id.to_string(),
-            provider: provider.to_string(),
-            model: model.to_string(),
-            hedge,
-        };
-        let started = self.start_attempts(&[one], owner, now, lease_until).await?;
-        started
-            .into_iter()
-            .next()
-            .ok_or_else(|| StoreError::Corrupt(format!("job {job_id}: no attempt outcome")))
-    }
-
-    async fn start_attempts(
-        &self,
-        batch: &[NewAttempt],
-        owner: &str,
-        now: i64,
-        lease_until: i64,
-    ) -> Result<Vec<StartAttempt>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ids = json_ids(batch.iter().map(|a| a.job_id.as_str()));
         let mut tx = self.begin_write().await?;
-        // The job rows first: nobody starts, ends or completes an attempt
-        // of these jobs until this transaction ends, and the counts read
-        // next see everything committed before.
-        let jobs = lock_jobs::<D>(&mut *tx, &ids).await?;
-        let counts: Vec<(String, i64, i64)> = sqlx::query_as(D::ATTEMPT_COUNTS)
-            .bind(ids.as_str())
-            .fetch_all(&mut *tx)
-            .await?;
-        let mut tally: HashMap<String, (i64, i64)> = counts
-            .into_iter()
-            .map(|(id, active, last)| (id, (active, last)))
-            .collect();
-        // Each entry in order, as if alone: None is an attempt to insert.
-        let mut outcomes: Vec<Option<StartAttempt>> = Vec::with_capacity(batch.len());
-        let mut rows = Vec::new();
-        let mut keys = Vec::new();
-        for a in batch {
-            let open = jobs
-                .get(&a.job_id)
-                .filter(|j| matches!(j.state, JobState::Queued | JobState::Running));
-            let Some(job) = open else {
-                outcomes.push(Some(StartAttempt::Closed));
-                continue;
-            };
-            let (active, last) = tally.entry(a.job_id.clone()).or_insert((0, 0));
-            if *active > 0 && !a.hedge {
-                outcomes.push(Some(StartAttempt::Busy));
-                continue;
-            }
-            let n = i32::try_from(*last + 1)
-                .map_err(|_| StoreError::Corrupt(format!("job {}: too many attempts", a.job_id)))?;
-            *last += 1;
-            *active += 1;
-            rows.push(json!({
-                "job_id": a.job_id,
-                "n": n,
-                "provider": a.provider,
-                "model": a.model,
-                "hedge": a.hedge,
-                "read_version": job.version,
-            }));
-            keys.push((a.job_id.as_str(), n));
-            outcomes.push(None);
-        }
-        let mut started: HashMap<(String, i32), AttemptRecord> = HashMap::new();
-        if !rows.is_empty() {
-            let inserted: Vec<AttemptRow> = sqlx::query_as(D::INSERT_ATTEMPTS)
-                .bind(Value::from(rows).to_string().as_str())
-                .bind(owner)
-                .bind(now)
-                .bind(lease_until)
+        // The job row first: nobody starts, ends or completes an attempt
+        // of this job until this transaction ends, and the attempts read
+        // next are everything committed before.
+        let version = match lock_job::<D>(&mut *tx, job_id).await? {
+            Some((JobState::Queued | JobState::Running, version)) => version,
+            _ => return Ok(StartAttempt::Closed),
+        };
+        let rows: Vec<AttemptRow> =
+            sqlx::query_as("SELECT * FROM attempts WHERE job_id = $1 ORDER BY n")
+                .bind(job_id)
                 .fetch_all(&mut *tx)
                 .await?;
-            for a in rows::attempts(inserted)? {
-                started.insert((a.job_id.clone(), a.n), a);
-            }
+        let earlier = rows::attempts(rows)?;
+        if !hedge && earlier.iter().any(|a| a.state.is_active()) {
+            return Ok(StartAttempt::Busy);
         }
+        let row = json!([{
+            "job_id": job_id,
+            "n": next_attempt(job_id, &earlier)?,
+            "provider": provider,
+            "model": model,
+            "hedge": hedge,
+            "read_version": version,
+        }]);
+        let rows: Vec<AttemptRow> = sqlx::query_as(D::INSERT_ATTEMPTS)
+            .bind(row.to_string().as_str())
+            .bind(owner)
+            .bind(now)
+            .bind(lease_until)
+            .fetch_all(&mut *tx)
+            .await?;
         tx.commit().await?;
-        let mut keys = keys.into_iter();
-        outcomes
+        rows::attempts(rows)?
             .into_iter()
-            .map(|o| match o {
-                Some(o) => Ok(o),
-                None => keys
-                    .next()
-                    .and_then(|(id, n)| started.remove(&(id.to_string(), n)))
-                    .map(StartAttempt::Started)
-                    .ok_or_else(|| {
-                        StoreError::Corrupt("an inserted attempt was not returned".into())
-                    }),
+            .next()
+            .map(StartAttempt::Started)
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!("job {job_id}: the attempt was not returned"))
             })
-            .collect()
     }
 
     async fn attempt_running(&self, job_id: &str, n: i32) -> Result<bool> {
@@ -608,6 +608,7 @@ where
         // transaction takes them in).
         let jobs = lock_jobs::<D>(&mut *tx, &ids).await?;
         let attempts: Vec<(String, i32, String)> = sqlx::query_as(D::LOCK_ATTEMPTS)
+            .persistent(false)
             .bind(ids.as_str())
             .fetch_all(&mut *tx)
             .await?;
@@ -649,6 +650,7 @@ where
         if !wins.is_empty() {
             // The compare-and-swap itself stays in the statement.
             let rows: Vec<JobRow> = sqlx::query_as(D::COMPLETE_JOBS)
+                .persistent(false)
                 .bind(Value::from(wins).to_string().as_str())
                 .bind(now)
                 .fetch_all(&mut *tx)
@@ -674,6 +676,7 @@ where
         }
         if !ends.is_empty() {
             sqlx::query(D::END_ATTEMPTS)
+                .persistent(false)
                 .bind(Value::from(ends).to_string().as_str())
                 .bind(now)
                 .execute(&mut *tx)

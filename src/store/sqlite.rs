@@ -154,16 +154,11 @@ impl Dialect for SqliteStore {
 
     // The transaction holds the write lock already (`BEGIN IMMEDIATE`).
     const LOCK_JOB: &'static str = "SELECT state, version FROM jobs WHERE id = $1";
-    const LOCK_JOBS: &'static str = "SELECT id, state, version, completed_by FROM jobs
+    const LOCK_JOBS: &'static str = "SELECT id, version, completed_by FROM jobs
          WHERE id IN (SELECT value FROM json_each($1))
          ORDER BY id";
     const LOCK_ATTEMPTS: &'static str = "SELECT job_id, n, state FROM attempts
          WHERE job_id IN (SELECT value FROM json_each($1))";
-    const ATTEMPT_COUNTS: &'static str =
-        "SELECT job_id, COUNT(*) FILTER (WHERE state IN ('starting', 'running', 'unknown')),
-                CAST(MAX(n) AS BIGINT)
-         FROM attempts WHERE job_id IN (SELECT value FROM json_each($1))
-         GROUP BY job_id";
     const ATTEMPTS_OF: &'static str =
         "SELECT * FROM attempts WHERE job_id IN (SELECT value FROM json_each($1))";
     const INSERT_ATTEMPTS: &'static str =

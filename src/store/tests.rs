@@ -18,8 +18,8 @@ use tokio::sync::Barrier;
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 use super::{
-    AttemptRecord, AttemptResult, AttemptState, Backend, Certification, Completion, Created,
-    Cursor, JobRecord, JobState, NewAttempt, NewJob, StartAttempt, Store, StoredResponse,
+    AttemptRecord, AttemptResult, AttemptState, Backend, Certification, ClaimedJob, Completion,
+    Created, Cursor, JobRecord, JobState, NewAttempt, NewJob, StartAttempt, Store, StoredResponse,
 };
 
 // ---------------------------------------------------------------------------
@@ -188,8 +188,7 @@ store_tests!(
     count_jobs,
     purge_old_terminal_jobs,
     certifications_latest_per_target,
-    start_attempts_batch_each_as_if_alone,
-    start_attempts_concurrent_batches,
+    claim_and_start_starts_where_chosen_and_allowed,
     complete_all_batch_each_as_if_alone,
     complete_all_concurrent_one_winner_per_job,
     responses_are_kept_per_tenant,
@@ -271,9 +270,25 @@ async fn attempt(s: &dyn Store, job_id: &str, n: i32) -> AttemptRecord {
         .expect("attempt exists")
 }
 
+/// Claims up to `limit` jobs due at `now` for `worker` until `until`,
+/// starting no attempt.
+async fn claim(s: &dyn Store, worker: &str, now: i64, until: i64, limit: u32) -> Vec<JobRecord> {
+    let claimed = s
+        .claim_and_start(worker, now, until, until, limit, &mut |_, _| None)
+        .await
+        .unwrap();
+    claimed
+        .into_iter()
+        .map(|c| {
+            assert_eq!(c.started, None, "no attempt was chosen");
+            c.job
+        })
+        .collect()
+}
+
 /// Claims everything due at `now` for `worker` (one job expected).
 async fn claim_one(s: &dyn Store, worker: &str, now: i64) -> JobRecord {
-    let mut claimed = s.claim_jobs(worker, now, now + 30_000, 10).await.unwrap();
+    let mut claimed = claim(s, worker, now, now + 30_000, 10).await;
     assert_eq!(
         claimed.len(),
         1,
@@ -809,19 +824,38 @@ async fn claim_concurrent_exactly_once(s: Arc<dyn Store>) {
                 let mut mine = Vec::new();
                 barrier.wait().await;
                 loop {
+                    // Each claim starts the first attempt of every job it
+                    // takes, in the same transaction.
                     let batch = s
-                        .claim_jobs(&worker, T0 + JOBS, T0 + 99_999, 10)
+                        .claim_and_start(
+                            &worker,
+                            T0 + JOBS,
+                            T0 + 99_999,
+                            T0 + 60_000,
+                            10,
+                            &mut |_, _| Some(target()),
+                        )
                         .await
                         .unwrap();
                     if batch.is_empty() {
                         return mine;
                     }
                     assert!(batch.len() <= 10);
-                    for j in batch {
+                    for ClaimedJob {
+                        job: j,
+                        earlier,
+                        started,
+                    } in batch
+                    {
                         assert_eq!(j.state, JobState::Running);
                         assert_eq!(j.claimed_by.as_deref(), Some(worker.as_str()));
                         assert_eq!(j.claim_until, Some(T0 + 99_999));
                         assert_eq!(j.version, 1);
+                        assert_eq!(earlier, vec![]);
+                        let a = started.expect("an attempt started with the claim");
+                        assert_eq!((a.job_id.as_str(), a.n), (j.id.as_str(), 1));
+                        assert_eq!(a.owner.as_deref(), Some(worker.as_str()));
+                        assert_eq!(a.read_version, 1, "the claim's version");
                         mine.push(j.id);
                     }
                 }
@@ -839,6 +873,10 @@ async fn claim_concurrent_exactly_once(s: Arc<dyn Store>) {
     let counts: HashMap<JobState, i64> = s.count_jobs(None).await.unwrap().into_iter().collect();
     assert_eq!(counts[&JobState::Running], JOBS);
     assert_eq!(counts[&JobState::Queued], 0);
+    for id in seen.keys() {
+        let attempts = s.attempts(id).await.unwrap();
+        assert_eq!(attempts.len(), 1, "job {id}: one attempt, {attempts:?}");
+    }
 }
 
 async fn claim_respects_not_before_and_order(s: Arc<dyn Store>) {
@@ -849,7 +887,7 @@ async fn claim_respects_not_before_and_order(s: Arc<dyn Store>) {
     // Only `old` is due at T0 (a job is due from its creation).
     assert_eq!(claim_one(&*s, "w", T0).await.id, old.id);
     assert!(s.requeue(&old.id, Some("w"), T0, false, T0).await.unwrap());
-    let first = s.claim_jobs("w", T0 + 3, T0 + 100, 10).await.unwrap();
+    let first = claim(&*s, "w", T0 + 3, T0 + 100, 10).await;
     assert_eq!(
         first.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
         vec![
@@ -866,11 +904,8 @@ async fn claim_respects_not_before_and_order(s: Arc<dyn Store>) {
             .await
             .unwrap()
     );
-    assert_eq!(
-        s.claim_jobs("w", T0 + 999, T0 + 2000, 10).await.unwrap(),
-        vec![]
-    );
-    let later = s.claim_jobs("w", T0 + 1000, T0 + 2000, 10).await.unwrap();
+    assert_eq!(claim(&*s, "w", T0 + 999, T0 + 2000, 10).await, vec![]);
+    let later = claim(&*s, "w", T0 + 1000, T0 + 2000, 10).await;
     assert_eq!(later.len(), 1);
     assert_eq!(later[0].id, future.id);
 
@@ -878,7 +913,7 @@ async fn claim_respects_not_before_and_order(s: Arc<dyn Store>) {
     for i in 0..5 {
         create(&*s, "t3", &format!("batch-{i}"), T0 + 10 + i).await;
     }
-    let two = s.claim_jobs("w", T0 + 100, T0 + 200, 2).await.unwrap();
+    let two = claim(&*s, "w", T0 + 100, T0 + 200, 2).await;
     assert_eq!(
         two.iter()
             .map(|j| j.idempotency_key.as_str())
@@ -1113,12 +1148,9 @@ async fn expire_job_claims(s: Arc<dyn Store>) {
     let free = create(&*s, "t1", "free", T0).await;
     let busy = create(&*s, "t1", "busy", T0 + 1).await;
     let alive = create(&*s, "t1", "alive", T0 + 2).await;
-    let claimed = s.claim_jobs("w", T0 + 2, T0 + 100, 2).await.unwrap();
+    let claimed = claim(&*s, "w", T0 + 2, T0 + 100, 2).await;
     assert_eq!(claimed.len(), 2);
-    assert_eq!(
-        s.claim_jobs("w", T0 + 2, T0 + 500, 1).await.unwrap()[0].id,
-        alive.id
-    );
+    assert_eq!(claim(&*s, "w", T0 + 2, T0 + 500, 1).await[0].id, alive.id);
     start(&*s, &busy.id, false).await;
     let queued = create(&*s, "t1", "queued", T0 + 3).await;
 
@@ -1419,12 +1451,10 @@ async fn certifications_latest_per_target(s: Arc<dyn Store>) {
 // Batches: the executor claims, starts and completes many jobs at a time
 // ---------------------------------------------------------------------------
 
-fn new_attempt(job_id: &str, hedge: bool) -> NewAttempt {
+fn target() -> NewAttempt {
     NewAttempt {
-        job_id: job_id.to_owned(),
         provider: "primary".to_owned(),
         model: "gpt-4o-mini".to_owned(),
-        hedge,
     }
 }
 
@@ -1437,142 +1467,104 @@ fn result_of(a: &AttemptRecord, text: &str) -> AttemptResult {
     }
 }
 
-async fn start_attempts_batch_each_as_if_alone(s: Arc<dyn Store>) {
-    let a = create(&*s, "t1", "a", T0).await;
-    let b = create(&*s, "t1", "b", T0 + 1).await;
-    let held = create(&*s, "t1", "held", T0 + 2).await;
-    let unknown = start(&*s, &held.id, false).await;
+async fn claim_and_start_starts_where_chosen_and_allowed(s: Arc<dyn Store>) {
+    // again: back in the queue after a failed attempt.
+    let again = create(&*s, "t1", "again", T0 + 2).await;
+    claim_one(&*s, "w0", T0 + 2).await;
+    let failed = start(&*s, &again.id, false).await;
     assert!(
-        s.finish_attempt(
-            &held.id,
-            unknown.n,
-            AttemptState::Unknown,
-            Some("timeout"),
-            T0
+        s.finish_attempt(&again.id, 1, AttemptState::Failed, Some("http_500"), T0 + 3)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.requeue(&again.id, Some("w0"), T0 + 3, false, T0 + 3)
+            .await
+            .unwrap()
+    );
+    // fresh: no attempt yet, one is chosen. skipped: none is chosen.
+    let fresh = create(&*s, "t1", "fresh", T0).await;
+    let skipped = create(&*s, "t1", "skipped", T0 + 1).await;
+    // busy: still queued, but an attempt of it is running (a manual start):
+    // the store refuses a second, whatever the chooser says.
+    let busy = create(&*s, "t1", "busy", T0 + 4).await;
+    let running = start(&*s, &busy.id, false).await;
+    let last = create(&*s, "t1", "last", T0 + 5).await;
+
+    let mut seen: Vec<(String, Vec<i32>)> = Vec::new();
+    let claimed = s
+        .claim_and_start(
+            "w1",
+            T0 + 10,
+            T0 + 30_000,
+            T0 + 60_000,
+            4,
+            &mut |job, earlier| {
+                seen.push((job.id.clone(), earlier.iter().map(|a| a.n).collect()));
+                (job.id != skipped.id).then(target)
+            },
         )
         .await
-        .unwrap()
-    );
-    let closed = create(&*s, "t1", "closed", T0 + 3).await;
-    s.cancel_job("t1", &closed.id, T0).await.unwrap();
-    let batch = [
-        new_attempt(&a.id, false),
-        new_attempt(&a.id, false),
-        new_attempt(&a.id, true),
-        new_attempt(&b.id, false),
-        new_attempt(&held.id, false),
-        new_attempt(&closed.id, false),
-        new_attempt("no-such-job", false),
-    ];
-    let out = s
-        .start_attempts(&batch, "worker-a", T0 + 10, T0 + 60_000)
-        .await
         .unwrap();
-    assert_eq!(out.len(), batch.len());
-    let started = |i: usize| match &out[i] {
-        StartAttempt::Started(x) => x.clone(),
-        other => panic!("entry {i}: expected a start, got {other:?}"),
-    };
-    let (a1, a2, b1) = (started(0), started(2), started(3));
+    let ids = |list: &[ClaimedJob]| list.iter().map(|c| c.job.id.clone()).collect::<Vec<_>>();
+    let order = vec![
+        fresh.id.clone(),
+        skipped.id.clone(),
+        again.id.clone(),
+        busy.id.clone(),
+    ];
+    assert_eq!(ids(&claimed), order, "oldest first, up to the limit");
     assert_eq!(
-        (a1.job_id.as_str(), a1.n, a1.hedge),
-        (a.id.as_str(), 1, false)
+        seen,
+        vec![
+            (fresh.id.clone(), vec![]),
+            (skipped.id.clone(), vec![]),
+            (again.id.clone(), vec![1]),
+            (busy.id.clone(), vec![1]),
+        ],
+        "the chooser sees each job once, with its earlier attempts"
     );
+    for c in &claimed {
+        assert_eq!(c.job.state, JobState::Running);
+        assert_eq!(c.job.claimed_by.as_deref(), Some("w1"));
+        assert_eq!(c.job.claim_until, Some(T0 + 30_000));
+    }
+    let started = |i: usize| claimed[i].started.clone().expect("started");
+    let (f1, a2) = (started(0), started(2));
+    assert_eq!((f1.job_id.as_str(), f1.n), (fresh.id.as_str(), 1));
     assert_eq!(
-        out[1],
-        StartAttempt::Busy,
-        "a second attempt of one job waits"
+        (a2.job_id.as_str(), a2.n),
+        (again.id.as_str(), 2),
+        "numbering goes on"
     );
-    assert_eq!((a2.n, a2.hedge), (2, true), "a hedge starts beside it");
-    assert_eq!((b1.job_id.as_str(), b1.n), (b.id.as_str(), 1));
-    assert_eq!(
-        out[4],
-        StartAttempt::Busy,
-        "an unknown attempt holds the job"
-    );
-    assert_eq!(out[5], StartAttempt::Closed);
-    assert_eq!(out[6], StartAttempt::Closed);
-    for x in [&a1, &a2, &b1] {
-        assert_eq!(x.state, AttemptState::Starting);
-        assert_eq!(x.owner.as_deref(), Some("worker-a"));
-        assert_eq!((x.started_at, x.lease_until), (T0 + 10, Some(T0 + 60_000)));
-        assert_eq!(x.read_version, 0);
+    for (a, job) in [(&f1, &claimed[0].job), (&a2, &claimed[2].job)] {
+        assert_eq!(a.state, AttemptState::Starting);
+        assert!(!a.hedge);
+        assert_eq!(a.owner.as_deref(), Some("w1"));
+        assert_eq!((a.started_at, a.lease_until), (T0 + 10, Some(T0 + 60_000)));
+        assert_eq!(a.read_version, job.version, "the claim's version");
         assert_eq!(
-            (x.provider.as_str(), x.model.as_str()),
+            (a.provider.as_str(), a.model.as_str()),
             ("primary", "gpt-4o-mini")
         );
+        assert_eq!(s.attempts(&a.job_id).await.unwrap().last(), Some(a));
     }
-    assert_eq!(s.attempts(&a.id).await.unwrap(), vec![a1, a2]);
-    assert_eq!(s.attempts(&held.id).await.unwrap().len(), 1);
-    assert!(s.attempts(&closed.id).await.unwrap().is_empty());
-    // The batch read sees the same rows, job by job.
-    let ids = vec![b.id.clone(), a.id.clone()];
-    let mut both = s.attempts(&a.id).await.unwrap();
-    both.extend(s.attempts(&b.id).await.unwrap());
-    both.sort_by(|x, y| (&x.job_id, x.n).cmp(&(&y.job_id, y.n)));
-    assert_eq!(s.attempts_of(&ids).await.unwrap(), both);
-    assert!(s.attempts_of(&[]).await.unwrap().is_empty());
-    assert!(s.start_attempts(&[], "w", T0, T0).await.unwrap().is_empty());
-}
-
-async fn start_attempts_concurrent_batches(s: Arc<dyn Store>) {
-    const JOBS: usize = 40;
-    const STARTERS: usize = 4;
-    let mut ids = Vec::new();
-    for i in 0..JOBS {
-        ids.push(
-            create(&*s, "t1", &format!("job-{i}"), T0 + i as i64)
-                .await
-                .id,
-        );
-    }
-    let barrier = Arc::new(Barrier::new(STARTERS));
-    let tasks: Vec<_> = (0..STARTERS)
-        .map(|w| {
-            let (s, barrier) = (s.clone(), barrier.clone());
-            // Each starter its own order over every job.
-            let mut mine = ids.clone();
-            mine.rotate_left(w * JOBS / STARTERS);
-            if w % 2 == 1 {
-                mine.reverse();
-            }
-            tokio::spawn(async move {
-                let batch: Vec<NewAttempt> = mine.iter().map(|id| new_attempt(id, false)).collect();
-                barrier.wait().await;
-                let mut started = Vec::new();
-                for chunk in batch.chunks(8) {
-                    let out = s
-                        .start_attempts(chunk, &format!("worker-{w}"), T0, T0 + 60_000)
-                        .await
-                        .unwrap();
-                    for o in out {
-                        match o {
-                            StartAttempt::Started(a) => started.push(a.job_id),
-                            StartAttempt::Busy => {}
-                            StartAttempt::Closed => panic!("no job is closed"),
-                        }
-                    }
-                }
-                started
-            })
+    assert_eq!(claimed[1].started, None, "not chosen: not started");
+    assert_eq!(claimed[3].started, None, "an active attempt: not started");
+    assert_eq!(claimed[2].earlier, vec![attempt(&*s, &again.id, 1).await]);
+    assert_eq!(claimed[2].earlier[0].n, failed.n);
+    assert_eq!(claimed[3].earlier, vec![running.clone()]);
+    assert!(s.attempts(&skipped.id).await.unwrap().is_empty());
+    assert_eq!(s.attempts(&busy.id).await.unwrap(), vec![running]);
+    // What is left: the last job, once; then nothing.
+    let rest = s
+        .claim_and_start("w1", T0 + 10, T0 + 30_000, T0 + 60_000, 4, &mut |_, _| {
+            Some(target())
         })
-        .collect();
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for t in tasks {
-        for id in t.await.unwrap() {
-            *seen.entry(id).or_default() += 1;
-        }
-    }
-    assert_eq!(seen.len(), JOBS, "every job got an attempt");
-    assert!(
-        seen.values().all(|&c| c == 1),
-        "one attempt per job: {seen:?}"
-    );
-    for id in &ids {
-        let attempts = s.attempts(id).await.unwrap();
-        assert_eq!(attempts.len(), 1, "job {id}: {attempts:?}");
-        assert_eq!(attempts[0].n, 1);
-    }
+        .await
+        .unwrap();
+    assert_eq!(ids(&rest), vec![last.id.clone()]);
+    assert!(claim(&*s, "w1", T0 + 10, T0 + 30_000, 4).await.is_empty());
 }
 
 async fn complete_all_batch_each_as_if_alone(s: Arc<dyn Store>) {

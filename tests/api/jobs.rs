@@ -1049,3 +1049,45 @@ async fn a_second_gateway_on_one_sqlite_file_refuses_to_start_and_a_killed_ones_
     drop(second);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_gives_its_slot_back_once_its_answer_is_with_the_writer_of_completions() {
+    // One slot, and a database that holds job A's completion: A's row is
+    // locked by this test, so the writer waits on it. The slot goes back
+    // as soon as A's answer is handed to the writer, and job B runs (its
+    // call reaches the provider) while A's completion still waits.
+    let url = pg_schema().await;
+    let app = TestApp::with(Spec {
+        storage_url: Some(url.clone()),
+        jobs: "workers = 1\nreconcile_interval = \"200ms\"\npoll_interval = \"200ms\"\n".into(),
+        ..holding()
+    })
+    .await;
+    let a = job_id(create(&app, ACME, "slot-a", &job_request("first in line")).await).await;
+    held(&app.mock, 1).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(&a)
+        .fetch_one(&mut *lock)
+        .await
+        .unwrap();
+    release(&app.mock, None).await;
+    let b = job_id(create(&app, ACME, "slot-b", &job_request("second in line")).await).await;
+    // B's call arrives: A's slot was given back before its commit.
+    held(&app.mock, 1).await;
+    assert_eq!(app.calls(), 2);
+    let j = job(&app, ACME, &a).await;
+    assert_eq!(j["state"], "running", "A's completion waits: {j}");
+    lock.rollback().await.unwrap();
+    release(&app.mock, None).await;
+    for id in [&a, &b] {
+        let j = job_until(&app, ACME, id, state_is("succeeded")).await;
+        assert_eq!(j["attempts"].as_array().map(Vec::len), Some(1), "{j}");
+    }
+    assert_eq!(app.calls(), 2);
+}
