@@ -297,13 +297,18 @@ pub fn unique_chats(endpoint: &Endpoint) -> Maker {
 /// every key sent twice in a row with the same payload, so half of the
 /// requests are repeats, often racing their twin on another connection.
 pub fn jobs(endpoint: &Endpoint, repeat: bool) -> Maker {
+    jobs_on(endpoint, MODEL, repeat)
+}
+
+/// [`jobs`] on the route `model`.
+pub fn jobs_on(endpoint: &Endpoint, model: &'static str, repeat: bool) -> Maker {
     let endpoint = endpoint.clone();
     let tag = uuid::Uuid::now_v7().simple().to_string();
     Arc::new(move |i| {
         let k = if repeat { i / 2 } else { i };
         let key = format!("{tag}-{k}");
         let body = format!(
-            r#"{{"request":{{"model":"{MODEL}","messages":[{{"role":"user","content":"job {tag} {k}: file the report"}}]}}}}"#
+            r#"{{"request":{{"model":"{model}","messages":[{{"role":"user","content":"job {tag} {k}: file the report"}}]}}}}"#
         );
         endpoint.post("/v1/jobs", &[("idempotency-key", &key)], body.as_bytes())
     })

@@ -405,7 +405,13 @@ pub struct GatewaySpec {
     pub anthropic: bool,
     /// An OTLP/HTTP collector: traces on (None: idem's default, off).
     pub otlp_endpoint: Option<String>,
+    /// A second provider's base URL, serving the route [`JOBS_MODEL`]
+    /// (jobs on a slow provider beside chats on a fast one).
+    pub jobs_upstream: Option<String>,
 }
+
+/// The route of [`GatewaySpec::jobs_upstream`].
+pub const JOBS_MODEL: &str = "bench-jobs";
 
 impl GatewaySpec {
     /// Memory coalescing, SQLite in `dir`.
@@ -420,6 +426,7 @@ impl GatewaySpec {
             cache_ttl: None,
             anthropic: false,
             otlp_endpoint: None,
+            jobs_upstream: None,
         }
     }
 
@@ -460,7 +467,12 @@ targets = [{{ provider = "mock", model = "mock-model" }}]
 max_wait = "120s"
 [routes.attempts]
 timeout = "120s"
-{cache}{telemetry}"#,
+{cache}{telemetry}{jobs_route}"#,
+            jobs_route = self.jobs_upstream.as_ref().map_or(String::new(), |url| format!(
+                "\n[[providers]]\nname = \"mock-jobs\"\nkind = \"openai\"\nbase_url = \"{url}\"\ntimeout = \"120s\"\n\n\
+                 [[routes]]\nmodel = \"{JOBS_MODEL}\"\ntargets = [{{ provider = \"mock-jobs\", model = \"mock-model\" }}]\n\
+                 [routes.attempts]\ntimeout = \"120s\"\n"
+            )),
             telemetry = self
                 .otlp_endpoint
                 .as_ref()
