@@ -427,7 +427,7 @@ async fn run_job(app: &Env, claimed: Claimed, completer: &Completer, slot: &Slot
         }
         // The dispatcher may have started this round's attempt already.
         let chosen = match pre.take() {
-            Some((started, target)) => Ok((target, Some(StartAttempt::Started(started)))),
+            Some((started, target)) => Ok((target, Some(started))),
             None => failover::Walk::attempt(&route, used)
                 .first(app.metrics())
                 .map(|target| (target, None)),
@@ -533,7 +533,7 @@ impl RoundCtx<'_> {
         &self,
         target: usize,
         hedge_after: Option<Duration>,
-        started: Option<StartAttempt>,
+        started: Option<AttemptRecord>,
     ) -> Round {
         let (app, job, route) = (self.app, self.job, self.route);
         let first = match self.start(target, false, started).await {
@@ -588,14 +588,14 @@ impl RoundCtx<'_> {
         &self,
         target: usize,
         hedge: bool,
-        started: Option<StartAttempt>,
+        started: Option<AttemptRecord>,
     ) -> Result<oneshot::Receiver<AttemptEnd>, Round> {
         let (app, job, route) = (self.app, self.job, self.route);
         let Some(t) = route.targets.get(target) else {
             return Err(Round::Failed("no such target".into()));
         };
         let started = match started {
-            Some(started) => Ok(started),
+            Some(started) => Ok(StartAttempt::Started(started)),
             None => {
                 let now = now_ms();
                 let lease = app.live().config.jobs.attempt_lease;
