@@ -4,20 +4,23 @@
 //! gateway (`idem serve`, the release binary cargo builds for this bench)
 //! and the provider (`idem mock-upstream`). This process is the load
 //! generator, on its own tokio runtime. Every figure is printed next to a
-//! baseline measured in the same run (the provider without idem, the
-//! memory backend without Redis, a plain chat completion without a job),
-//! and next to its target with PASS or MISS. A MISS is a finding, not a
+//! baseline measured in the same run (the provider without idem, nginx as
+//! a plain reverse proxy, the memory backend without Redis, a plain chat
+//! completion without a job), and next to its target with PASS or MISS; a
+//! summary of the targets closes the run. A MISS is a finding, not a
 //! failure: the suite exits 0 unless a table could not run at all.
 //!
 //! Knobs: `IDEM_BENCH_QUICK=1` (small sizes, short runs, for iterating),
-//! `IDEM_BENCH_ONLY=2,4` (just these tables). PostgreSQL and Redis come
+//! `IDEM_BENCH_ONLY=2,4` (just these tables), `IDEM_BENCH_INSTALL_NGINX=0`
+//! (do not install nginx when it is missing). PostgreSQL and Redis come
 //! from `IDEM_BENCH_DATABASE_URL` / `IDEM_BENCH_REDIS_URL` (else the tests'
 //! variables, else the local servers).
 //!
 //! Layout: `http` (a lean HTTP/1.1 client), `load` (closed and open loops),
-//! `wave` (N identical requests at once), `procs` (child processes, their
-//! memory and CPU, schemas and Redis keys), `report` (tables), then one
-//! module per table.
+//! `nginx` (the proxy baseline of table 1), `wave` (N identical requests at
+//! once), `procs` (child processes, their memory and CPU, schemas and Redis
+//! keys), `report` (tables, and the summary of targets printed last), then
+//! one module per table.
 
 // Cargo would take `benches/*.rs` files for bench targets of their own, so
 // the modules live in `benches/gateway/`.
@@ -25,6 +28,8 @@
 mod http;
 #[path = "gateway/load.rs"]
 mod load;
+#[path = "gateway/nginx.rs"]
+mod nginx;
 #[path = "gateway/procs.rs"]
 mod procs;
 #[path = "gateway/report.rs"]
@@ -173,6 +178,7 @@ async fn run(settings: Arc<Settings>) -> ExitCode {
             }
         }
     }
+    print!("{}", report::targets(|n| settings.wants(n)).render());
     for failure in procs::cleanup().await {
         println!("cleanup failed: {failure}");
     }

@@ -77,8 +77,18 @@ fn without_dir(text: &str, log: &Path) -> String {
 
 impl Proc {
     fn spawn(name: &str, args: &[&str], log: PathBuf) -> anyhow::Result<Proc> {
+        Proc::spawn_program(Path::new(env!("CARGO_BIN_EXE_idem")), name, args, log)
+    }
+
+    /// `program` with `args`, its output to `log`.
+    pub fn spawn_program(
+        program: &Path,
+        name: &str,
+        args: &[&str],
+        log: PathBuf,
+    ) -> anyhow::Result<Proc> {
         let out = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-        let child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        let child = Command::new(program)
             .args(args)
             .env_remove("IDEM_CONFIG")
             .env(ANTHROPIC_KEY_ENV, KEY)
@@ -157,25 +167,14 @@ impl Proc {
         mem_of(self.pid())
     }
 
-    /// User plus system CPU time so far, from `/proc/<pid>/stat`.
+    /// User plus system CPU time so far.
     pub fn cpu(&self) -> anyhow::Result<Duration> {
-        let path = format!("/proc/{}/stat", self.pid());
-        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
-        // Fields after the command name (which may hold spaces and parens):
-        // state is field 3, utime 14, stime 15.
-        let rest = text
-            .rsplit_once(')')
-            .map(|(_, r)| r)
-            .with_context(|| format!("unexpected {path}"))?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| -> anyhow::Result<u64> {
-            fields
-                .get(i)
-                .and_then(|f| f.parse().ok())
-                .with_context(|| format!("unexpected {path}"))
-        };
-        let total = ticks(14 - 3)? + ticks(15 - 3)?;
-        Ok(Duration::from_secs_f64(total as f64 / clock_ticks() as f64))
+        cpu_of(self.pid())
+    }
+
+    /// Whether the process has exited (and how).
+    pub fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
     }
 
     /// Waits until the process has used (almost) no CPU for 200 ms: every
@@ -208,6 +207,28 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// User plus system CPU time of process `pid` so far, from
+/// `/proc/<pid>/stat`.
+pub fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    // Fields after the command name (which may hold spaces and parens):
+    // state is field 3, utime 14, stime 15.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .with_context(|| format!("unexpected {path}"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<u64> {
+        fields
+            .get(i)
+            .and_then(|f| f.parse().ok())
+            .with_context(|| format!("unexpected {path}"))
+    };
+    let total = ticks(14 - 3)? + ticks(15 - 3)?;
+    Ok(Duration::from_secs_f64(total as f64 / clock_ticks() as f64))
 }
 
 /// Resident memory of a process, in KiB.

@@ -167,3 +167,80 @@ pub fn spread(pairs: &[(f64, f64)]) -> String {
     };
     format!("{median:+.3} ({:+.3} .. {:+.3}) ms", d[0], d[d.len() - 1])
 }
+
+/// One of the suite's targets as the summary at the end lists it.
+pub struct Target {
+    /// Its number in the summary (1-6).
+    pub number: u8,
+    pub what: String,
+    pub measured: String,
+    pub baseline: String,
+    pub target: String,
+    /// PASS, MISS (possibly with `*`), or why it has none.
+    pub result: String,
+}
+
+static TARGETS: std::sync::Mutex<Vec<Target>> = std::sync::Mutex::new(Vec::new());
+
+/// Records a target's figure for the summary; tables call this where they
+/// print the same figure.
+pub fn target(
+    number: u8,
+    what: impl Into<String>,
+    measured: impl Into<String>,
+    baseline: impl Into<String>,
+    target: impl Into<String>,
+    result: impl Into<String>,
+) {
+    TARGETS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(Target {
+            number,
+            what: what.into(),
+            measured: measured.into(),
+            baseline: baseline.into(),
+            target: target.into(),
+            result: result.into(),
+        });
+}
+
+/// The summary: every target recorded, in number order; a target with no
+/// figure names the table that would have measured it.
+pub fn targets(wanted: impl Fn(u8) -> bool) -> Table {
+    let mut recorded = std::mem::take(
+        &mut *TARGETS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    recorded.sort_by_key(|t| t.number);
+    let mut t = Table::new(
+        "Targets: each figure beside its baseline from the same run",
+        &["target", "measured", "baseline", "target", "result"],
+    );
+    for (number, table) in TARGET_TABLES {
+        let mine: Vec<&Target> = recorded.iter().filter(|t| t.number == number).collect();
+        if mine.is_empty() {
+            let why = if wanted(table) {
+                format!("table {table} could not measure it")
+            } else {
+                format!("table {table} not run (IDEM_BENCH_ONLY)")
+            };
+            t.na(&format!("{number}."), &why);
+        }
+        for r in mine {
+            t.row([
+                format!("{}. {}", r.number, r.what),
+                r.measured.clone(),
+                r.baseline.clone(),
+                r.target.clone(),
+                r.result.clone(),
+            ]);
+        }
+    }
+    t.note("every figure is in its table above, with the rounds and notes behind it");
+    t
+}
+
+/// Which table measures each target.
+const TARGET_TABLES: [(u8, u8); 6] = [(1, 1), (2, 1), (3, 1), (4, 2), (5, 5), (6, 3)];

@@ -1,7 +1,8 @@
 //! Table 1: what idem adds in front of a provider, for unique prompts
 //! (nothing coalesced, nothing cached): the same load against the mock
-//! directly and through idem, in alternating rounds so that background
-//! load on the machine falls on both sides alike. A third side, idem with
+//! directly, through nginx as a plain reverse proxy (what one proxy hop
+//! costs here) and through idem, in alternating rounds so that background
+//! load on the machine falls on every side alike. A third side, idem with
 //! an Anthropic target (the mock's Messages API face), prices the
 //! translation both ways: table 1c. A fourth, idem with traces on (to a
 //! collector in this process that takes every export), prices them:
@@ -13,21 +14,31 @@ use std::time::Duration;
 use crate::Settings;
 use crate::http::Endpoint;
 use crate::load::{self, Run};
+use crate::nginx::{self, Nginx};
 use crate::procs::{Gateway, GatewaySpec, KEY, Mock, Workdir};
 use crate::report::{
-    NOISY_NOTE, Table, int, ms, per_sec, plus_ms, ratio, spread, too_spread, verdict, verdict_noisy,
+    self, NOISY_NOTE, Table, int, ms, per_sec, plus_ms, ratio, spread, too_spread, verdict,
+    verdict_noisy,
 };
 
 /// Connections of the closed loop (and of the open loop's pool).
 const CONNS: usize = 32;
 /// The open loop's rate.
-const RATE: u32 = 1_000;
+const RATE: u32 = 10_000;
 /// Target: idem's added p99 at `RATE`, in ms.
 const ADDED_P99_MS: f64 = 1.0;
+/// Target: idem's added p99 at most nginx's plus this, in ms.
+const OVER_NGINX_P99_MS: f64 = 0.3;
+/// Target: idem's closed-loop throughput at least this share of nginx's.
+const THROUGHPUT_SHARE: f64 = 0.8;
+/// Target: idem's CPU per request at most this multiple of nginx's.
+const CPU_MULTIPLE: f64 = 1.5;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Side {
     Direct,
+    /// nginx as a plain reverse proxy to the mock.
+    Nginx,
     Idem,
     /// idem in front of the mock's Anthropic face.
     Anthropic,
@@ -35,7 +46,13 @@ enum Side {
     Traced,
 }
 
-const SIDES: [Side; 4] = [Side::Direct, Side::Idem, Side::Anthropic, Side::Traced];
+const SIDES: [Side; 5] = [
+    Side::Direct,
+    Side::Nginx,
+    Side::Idem,
+    Side::Anthropic,
+    Side::Traced,
+];
 
 /// An OTLP/HTTP collector that takes every export and counts its bytes.
 async fn collector() -> anyhow::Result<(String, Arc<std::sync::atomic::AtomicU64>)> {
@@ -60,7 +77,7 @@ struct Measured {
     a: Run,
     b: Run,
     /// CPU of the process the closed loop loads: the mock's when direct,
-    /// idem's otherwise.
+    /// nginx's (master and workers) through nginx, idem's otherwise.
     cpu: Duration,
     /// (b) p99 of each round.
     p99s: Vec<f64>,
@@ -116,17 +133,33 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     let mut gateway = Gateway::start(&dir, "idem", &spec).await?;
     let mut gateway_c = Gateway::start(&dir, "idem-c", &spec_c).await?;
     let mut gateway_t = Gateway::start(&dir, "idem-t", &spec_t).await?;
+    // The nginx side, when nginx is here (else why not, for the notes).
+    let proxy = match nginx::find_or_install() {
+        Ok(found) => match Nginx::start(&dir, &found, mock.addr).await {
+            Ok(n) => Ok((n, found)),
+            Err(e) => Err(format!("nginx did not start: {e:#}")),
+        },
+        Err(why) => Err(why),
+    };
     let direct = Endpoint::new(mock.addr, Some(KEY));
+    let via_nginx = proxy
+        .as_ref()
+        .ok()
+        .map(|(n, _)| Endpoint::new(n.addr, Some(KEY)));
     let mut idem = Endpoint::new(gateway.addr, Some(KEY));
     let mut idem_c = Endpoint::new(gateway_c.addr, Some(KEY));
     let mut idem_t = Endpoint::new(gateway_t.addr, Some(KEY));
 
     // Warm-up: connection pools, allocator, the route's latency tracker.
-    for endpoint in [&direct, &idem, &idem_c, &idem_t] {
+    for endpoint in [&direct, &idem, &idem_c, &idem_t]
+        .into_iter()
+        .chain(via_nginx.as_ref())
+    {
         load::closed(endpoint.addr, CONNS, warm, load::unique_chats(endpoint)).await?;
     }
 
     let mut measured = [
+        Measured::new()?,
         Measured::new()?,
         Measured::new()?,
         Measured::new()?,
@@ -157,15 +190,20 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
         // measured first or last.
         for i in 0..SIDES.len() {
             let side = SIDES[(i + round) % SIDES.len()];
-            let (endpoint, process) = match side {
-                Side::Direct => (&direct, &mock.proc),
-                Side::Idem => (&idem, &gateway.proc),
-                Side::Anthropic => (&idem_c, &gateway_c.proc),
-                Side::Traced => (&idem_t, &gateway_t.proc),
+            let (endpoint, cpu): (
+                &Endpoint,
+                Box<dyn Fn() -> anyhow::Result<Duration> + Send + Sync>,
+            ) = match (side, &proxy, &via_nginx) {
+                (Side::Direct, _, _) => (&direct, Box::new(|| mock.proc.cpu())),
+                (Side::Nginx, Ok((n, _)), Some(e)) => (e, Box::new(|| n.cpu())),
+                (Side::Nginx, _, _) => continue,
+                (Side::Idem, _, _) => (&idem, Box::new(|| gateway.proc.cpu())),
+                (Side::Anthropic, _, _) => (&idem_c, Box::new(|| gateway_c.proc.cpu())),
+                (Side::Traced, _, _) => (&idem_t, Box::new(|| gateway_t.proc.cpu())),
             };
             let make = load::unique_chats(endpoint);
             let calls_before = mock.calls().await?;
-            let cpu_before = process.cpu()?;
+            let cpu_before = cpu()?;
             let run = if closed {
                 load::closed(endpoint.addr, CONNS, Duration::from_secs_f64(secs_a), make).await?
             } else {
@@ -180,7 +218,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
             };
             let m = &mut measured[side as usize];
             if closed {
-                m.cpu += process.cpu()?.saturating_sub(cpu_before);
+                m.cpu += cpu()?.saturating_sub(cpu_before);
             }
             m.calls += mock.calls().await? - calls_before;
             if closed {
@@ -191,116 +229,186 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
             }
         }
     }
-    let [d, i, c, t] = measured;
+    let [d, n, i, c, t] = measured;
     let exported = exported.load(std::sync::atomic::Ordering::Relaxed);
+    let n = match &proxy {
+        Ok((_, found)) => Ok((&n, found.describe())),
+        Err(why) => Err(why.as_str()),
+    };
     Ok(vec![
-        overhead(&d, &i, rounds_a, secs_a, rounds_b, secs_b),
+        overhead(&d, n, &i, rounds_a, secs_a, rounds_b, secs_b),
         translation(&d, &i, &c),
         tracing_cost(&d, &i, &t, exported),
     ])
 }
 
-/// Table 1: the mock directly against idem in front of it.
+/// Table 1: the mock directly, nginx in front of it, idem in front of it;
+/// targets 1-3 of the summary. `n` is nginx's side and what it is, or why
+/// there is none.
 fn overhead(
     d: &Measured,
+    n: Result<(&Measured, String), &str>,
     i: &Measured,
     rounds_a: usize,
     secs_a: f64,
     rounds_b: usize,
     secs_b: f64,
 ) -> Table {
-    let (a_direct, a_idem, b_direct, b_idem) = (&d.a, &i.a, &d.b, &i.b);
+    let nginx = n.as_ref().ok().map(|(m, _)| *m);
     let mut t = Table::new(
         "1. Proxy overhead, unique prompts (mock latency 0)",
         &[
             "figure",
             "direct",
+            "nginx proxy",
             "through idem",
-            "idem vs direct",
+            "idem vs nginx",
             "target",
             "result",
         ],
     );
+    let na = || "n/a".to_string();
+    // A cell of nginx's column, and idem's figure against nginx's.
+    let of_nginx = |f: &dyn Fn(&Measured) -> String| nginx.map_or_else(na, f);
     let pair = |r: &Run, a: f64, b: f64| format!("{} / {}", ms(r.ms(a)), ms(r.ms(b)));
+    let with_share = |r: &Run| format!("{} ({})", per_sec(r.rate()), ratio(r.rate(), d.a.rate()));
+
+    // Target 1: closed-loop throughput.
+    let share = nginx.map(|m| i.a.rate() / m.a.rate().max(f64::MIN_POSITIVE));
+    let result1 = share.map_or_else(na, |s| verdict(s >= THROUGHPUT_SHARE));
     t.row([
-        format!("(a) throughput, {CONNS} connections, req/s"),
-        per_sec(a_direct.rate()),
-        per_sec(a_idem.rate()),
-        ratio(a_idem.rate(), a_direct.rate()),
-        "-".into(),
-        String::new(),
+        format!("(a) throughput, {CONNS} connections, req/s (x direct)"),
+        per_sec(d.a.rate()),
+        of_nginx(&|m| with_share(&m.a)),
+        with_share(&i.a),
+        share.map_or_else(na, |s| format!("{s:.2}x")),
+        format!(">= {THROUGHPUT_SHARE}x nginx"),
+        result1.clone(),
     ]);
+    report::target(
+        1,
+        format!("throughput, unique prompts, {CONNS} connections, req/s"),
+        per_sec(i.a.rate()),
+        of_nginx(&|m| format!("nginx {}", per_sec(m.a.rate()))),
+        format!(">= {THROUGHPUT_SHARE}x nginx"),
+        share.map_or_else(na, |s| format!("{} ({s:.2}x)", result1)),
+    );
     t.row([
         "(a) latency p50 / p99 at that load, ms".into(),
-        pair(a_direct, 0.5, 0.99),
-        pair(a_idem, 0.5, 0.99),
+        pair(&d.a, 0.5, 0.99),
+        of_nginx(&|m| pair(&m.a, 0.5, 0.99)),
+        pair(&i.a, 0.5, 0.99),
         String::new(),
         "-".into(),
         String::new(),
     ]);
-    let (mock_us, idem_us) = (d.cpu_us(), i.cpu_us());
+
+    // Target 3: CPU per request.
+    let multiple = nginx.map(|m| i.cpu_us() / m.cpu_us().max(f64::MIN_POSITIVE));
+    let result3 = multiple.map_or_else(na, |x| verdict(x <= CPU_MULTIPLE));
     t.row([
-        "(a) CPU per request, us (mock / idem process)".into(),
-        format!("{mock_us:.1}"),
-        format!("{idem_us:.1}"),
-        ratio(idem_us, mock_us),
-        "-".into(),
-        String::new(),
+        "(a) CPU per request, us (mock / nginx / idem processes)".into(),
+        format!("{:.1}", d.cpu_us()),
+        of_nginx(&|m| format!("{:.1}", m.cpu_us())),
+        format!("{:.1}", i.cpu_us()),
+        multiple.map_or_else(na, |x| format!("{x:.2}x")),
+        format!("<= {CPU_MULTIPLE}x nginx"),
+        result3.clone(),
     ]);
+    report::target(
+        3,
+        "CPU per request, us",
+        format!("{:.1}", i.cpu_us()),
+        of_nginx(&|m| format!("nginx {:.1}", m.cpu_us())),
+        format!("<= {CPU_MULTIPLE}x nginx"),
+        multiple.map_or_else(na, |x| format!("{result3} ({x:.2}x)")),
+    );
+
+    // Target 2: added p99 at a fixed rate.
+    let rate = int(RATE.into());
     t.row([
-        format!("(b) p50 at {} req/s, ms", int(RATE.into())),
-        ms(b_direct.ms(0.5)),
-        ms(b_idem.ms(0.5)),
-        plus_ms(b_idem.ms(0.5) - b_direct.ms(0.5)),
+        format!("(b) p50 / p99 at {rate} req/s, ms"),
+        pair(&d.b, 0.5, 0.99),
+        of_nginx(&|m| pair(&m.b, 0.5, 0.99)),
+        pair(&i.b, 0.5, 0.99),
+        String::new(),
         "-".into(),
         String::new(),
     ]);
-    let added_p99 = b_idem.ms(0.99) - b_direct.ms(0.99);
+    let added = |m: &Measured| m.b.ms(0.99) - d.b.ms(0.99);
+    let added_idem = added(i);
+    let added_nginx = nginx.map(added);
     let pairs = paired(&d.p99s, &i.p99s);
     let noisy = too_spread(&pairs, ADDED_P99_MS);
+    let met2 = added_idem <= ADDED_P99_MS
+        && added_nginx.is_some_and(|a| added_idem <= a + OVER_NGINX_P99_MS);
+    let target2 = format!("<= {ADDED_P99_MS} ms and <= nginx + {OVER_NGINX_P99_MS} ms");
+    let result2 = if added_nginx.is_some() {
+        verdict_noisy(met2, noisy)
+    } else {
+        format!(
+            "{} (nginx n/a)",
+            verdict_noisy(added_idem <= ADDED_P99_MS, noisy)
+        )
+    };
     t.row([
-        format!("(b) p99 at {} req/s, ms", int(RATE.into())),
-        ms(b_direct.ms(0.99)),
-        ms(b_idem.ms(0.99)),
-        plus_ms(added_p99),
-        format!("added < {ADDED_P99_MS} ms"),
-        verdict_noisy(added_p99 < ADDED_P99_MS, noisy),
+        "(b) added p99 over direct, ms".into(),
+        "-".into(),
+        added_nginx.map_or_else(na, plus_ms),
+        plus_ms(added_idem),
+        added_nginx.map_or_else(na, |a| plus_ms(added_idem - a)),
+        target2.clone(),
+        result2.clone(),
     ]);
+    report::target(
+        2,
+        format!("added p99 at {rate} req/s, open loop"),
+        plus_ms(added_idem),
+        added_nginx.map_or_else(na, |a| format!("nginx {}", plus_ms(a))),
+        target2,
+        result2,
+    );
     t.row([
         "(b) added p99 per round: median (min .. max)".into(),
         String::new(),
-        String::new(),
+        of_nginx(&|m| spread(&paired(&d.p99s, &m.p99s))),
         spread(&pairs),
+        String::new(),
         "-".into(),
         String::new(),
     ]);
     t.row([
         "(b) p99.9 / max, ms".into(),
-        pair(b_direct, 0.999, 1.0),
-        pair(b_idem, 0.999, 1.0),
+        pair(&d.b, 0.999, 1.0),
+        of_nginx(&|m| pair(&m.b, 0.999, 1.0)),
+        pair(&i.b, 0.999, 1.0),
         String::new(),
         "-".into(),
         String::new(),
     ]);
     t.row([
         "(b) achieved rate, req/s".into(),
-        per_sec(b_direct.rate()),
-        per_sec(b_idem.rate()),
+        per_sec(d.b.rate()),
+        of_nginx(&|m| per_sec(m.b.rate())),
+        per_sec(i.b.rate()),
         String::new(),
-        int(RATE.into()),
+        rate.clone(),
         String::new(),
     ]);
+    let failed = d.failed() + i.failed() + nginx.map_or(0, Measured::failed);
     t.row([
         "answers not 2xx (all runs)".into(),
         int(d.failed()),
+        of_nginx(&|m| int(m.failed())),
         int(i.failed()),
         String::new(),
         "0".into(),
-        verdict(d.failed() + i.failed() == 0),
+        verdict(failed == 0),
     ]);
     t.row([
-        "upstream calls / requests through idem".into(),
+        "upstream calls / requests".into(),
         "-".into(),
+        of_nginx(&|m| format!("{} / {}", int(m.calls), int(m.requests()))),
         format!("{} / {}", int(i.calls), int(i.requests())),
         String::new(),
         "equal".into(),
@@ -311,18 +419,27 @@ fn overhead(
          {rounds_a} x {secs_a} s per side"
     ));
     t.note(format!(
-        "(b) open loop: {} req/s on a fixed timeline over {CONNS} connections, latency from the \
-         scheduled send time; {rounds_b} x {secs_b} s per side",
-        int(RATE.into())
+        "(b) open loop: {rate} req/s on a fixed timeline over {CONNS} connections, latency from the \
+         scheduled send time; {rounds_b} x {secs_b} s per side"
     ));
     t.note(
-        "each round rotates the order of the sides (direct, idem, idem with an Anthropic target: table 1c); idem logs one JSON line per request (its default); \
-         (b) runs on a fresh gateway, warmed up like (a)'s",
+        "each round rotates the order of the sides (direct, nginx, idem, idem with an Anthropic target: table 1c, \
+         idem with traces: table 1d); idem logs one JSON line per request (its default); \
+         (b) runs on fresh gateways, warmed up like (a)'s",
     );
+    match &n {
+        Ok((_, what)) => t.note(format!(
+            "nginx: {what}; a plain reverse proxy, keepalive to the mock and to the clients, \
+             no access log, a worker process per core; its CPU is the master's and the workers'"
+        )),
+        Err(why) => t.note(format!("nginx: n/a: {why}")),
+    }
     if noisy {
         t.note(NOISY_NOTE);
     }
-    first_errors(&mut t, &[("direct", d), ("idem", i)]);
+    let mut sides = vec![("direct", d), ("idem", i)];
+    sides.extend(nginx.map(|m| ("nginx", m)));
+    first_errors(&mut t, &sides);
     t
 }
 

@@ -18,7 +18,7 @@ use crate::load::{self, Run};
 use anyhow::Context;
 
 use crate::procs::{Gateway, GatewaySpec, JOBS_MODEL, KEY, MODEL, Mock, Workdir, pg_schema};
-use crate::report::{Table, int, ms, per_sec, plus_ms, ratio, verdict};
+use crate::report::{self, Table, int, ms, per_sec, plus_ms, ratio, verdict};
 
 const CONNS: usize = 32;
 /// The burst: jobs created at once, then drained.
@@ -145,6 +145,14 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
                         ("repeated", &repeated, api_repeated),
                     ] {
                         let share = if api > 0.0 { r.rate() / api } else { 0.0 };
+                        report::target(
+                            6,
+                            format!("{label}: job creations/s with workers, {what} keys"),
+                            per_sec(r.rate()),
+                            format!("API replica {}", per_sec(api)),
+                            format!(">= {CREATE_RATIO_TARGET}x"),
+                            format!("{} ({share:.2}x)", verdict(share >= CREATE_RATIO_TARGET)),
+                        );
                         t.row([
                             format!("{label}: jobs, {what} keys, against the API replica"),
                             per_sec(r.rate()),

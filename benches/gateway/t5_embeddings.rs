@@ -19,7 +19,7 @@ use crate::Settings;
 use crate::http::{Conn, Endpoint};
 use crate::load::{self, Maker, Run};
 use crate::procs::{Embedded, Gateway, GatewaySpec, KEY, MODEL, Mock, Proc, Workdir};
-use crate::report::{Table, int, mib, ms, per_sec, ratio, verdict};
+use crate::report::{self, Table, int, mib, ms, per_sec, ratio, verdict};
 
 /// Concurrent clients (connections of the closed loop).
 const CLIENTS: usize = 16;
@@ -293,13 +293,30 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Table> {
         "-".into(),
         String::new(),
     ]);
+    let sent_unique = upstream.items == w.unique();
+    report::target(
+        5,
+        "embeddings: CPU per item, us",
+        format!("{idem_us:.1}"),
+        format!("mock {mock_us:.1}; a chat request: target 3"),
+        "printed",
+        "-",
+    );
+    report::target(
+        5,
+        "embeddings: items sent upstream / unique",
+        format!("{} / {}", int(upstream.items), int(w.unique())),
+        String::new(),
+        "sent = unique",
+        verdict(sent_unique),
+    );
     t.row([
         "upstream items sent / unique items".into(),
         format!("{} / {}", int(direct_upstream.items), int(w.unique())),
         format!("{} / {}", int(upstream.items), int(w.unique())),
         String::new(),
         "sent = unique".into(),
-        verdict(upstream.items == w.unique()),
+        verdict(sent_unique),
     ]);
     t.row([
         "items sent by idem's own count (/v1/stats)".into(),

@@ -12,7 +12,9 @@
 //! too); release the mock, which then answers every held call after its
 //! latency; collect the answers with their times counted from the release.
 //! Connections stay open until the last answer is in, as a client's pool
-//! keeps them, and are closed after.
+//! keeps them. Then the *burst*: the same request again on every one of
+//! them at once, each now a cache hit: the baseline of what answering that
+//! many requests costs when nobody waits. The connections are closed after.
 //!
 //! The probe is the baseline: the upstream's own latency after the release,
 //! as a client talking to the provider directly sees it, measured in the
@@ -107,8 +109,23 @@ pub struct Wave {
     pub release_to_last: Duration,
     /// The probe's latency after the release (the upstream alone).
     pub probe: Option<Duration>,
+    /// The burst of cache hits on the same connections after the wave.
+    pub burst: Burst,
     /// Upstream calls the gateways made (the probe not counted).
     pub upstream_calls: u64,
+}
+
+/// The same requests again on the wave's connections, all at once, after
+/// the wave: every one a cache hit.
+pub struct Burst {
+    /// From the fire to the last answer.
+    pub elapsed: Duration,
+    /// CPU of each gateway over that time.
+    pub cpu: Vec<Duration>,
+    /// Answers with `Idem-Outcome: cache-hit`.
+    pub cache_hits: usize,
+    /// Requests sent.
+    pub sent: usize,
 }
 
 /// The one body every request of a wave sends (unique to this wave).
@@ -240,13 +257,13 @@ pub async fn run(
                             Ok(()) => conn.receive().await,
                             Err(e) => Err(e),
                         };
-                        (reply, Some(conn))
+                        (reply, Some(Client::H1(conn)))
                     }
                     Call::H2(conn, request) => {
                         // Queued on the connection once `send` returns.
                         let answer = conn.send(request);
                         sent.fetch_add(1, Ordering::SeqCst);
-                        (answer.await, None)
+                        (answer.await, Some(Client::H2(conn)))
                     }
                 }
             } else {
@@ -296,7 +313,7 @@ pub async fn run(
     let mut kept = Vec::with_capacity(n);
     for task in tasks {
         let (gateway, reply, done, conn) = task.await?;
-        kept.extend(conn);
+        kept.extend(conn.map(|c| (gateway, c)));
         last = last.max(done);
         answers.push(Answer {
             gateway,
@@ -308,7 +325,6 @@ pub async fn run(
     }
     let release_to_last = last - released_at;
     let cpu_answered = cpus(gateways)?;
-    drop(kept);
     let probe = probe
         .await?
         .ok()
@@ -317,6 +333,10 @@ pub async fn run(
     stop.store(true, Ordering::Relaxed);
     let sampled_peak_kib = sampler.await?;
     let final_mem = mems(gateways)?;
+    for g in gateways {
+        g.proc.until_quiet(PHASE_LIMIT).await?;
+    }
+    let burst = burst(gateways, kept, &requests, &endpoints, &body).await?;
 
     let diff = |a: &[Duration], b: &[Duration]| -> Vec<Duration> {
         a.iter().zip(b).map(|(a, b)| a.saturating_sub(*b)).collect()
@@ -337,6 +357,71 @@ pub async fn run(
         answered_early,
         release_to_last,
         probe,
+        burst,
         upstream_calls,
+    })
+}
+
+/// The wave's request again on every connection `kept` (with the gateway
+/// each leads to), all at once; closes them after.
+async fn burst(
+    gateways: &[&Gateway],
+    kept: Vec<(usize, Client)>,
+    requests: &[Arc<Vec<u8>>],
+    endpoints: &[Endpoint],
+    body: &bytes::Bytes,
+) -> anyhow::Result<Burst> {
+    let (go, ready) = watch::channel(false);
+    let sent = kept.len();
+    let mut tasks = Vec::with_capacity(sent);
+    for (g, client) in kept {
+        let mut ready = ready.clone();
+        let call = match client {
+            Client::H1(conn) => Call::H1(conn, Arc::clone(&requests[g])),
+            Client::H2(conn) => Call::H2(
+                conn,
+                endpoints[g].post_h2("/v1/chat/completions", body.clone())?,
+            ),
+        };
+        tasks.push(tokio::spawn(async move {
+            if ready.wait_for(|go| *go).await.is_err() {
+                return (None, Instant::now(), None);
+            }
+            // As in the wave, connections are closed once all are answered.
+            let (reply, conn) = match call {
+                Call::H1(mut conn, request) => {
+                    let reply = match conn.send(&request).await {
+                        Ok(()) => conn.receive().await,
+                        Err(e) => Err(e),
+                    };
+                    (reply, Some(conn))
+                }
+                Call::H2(conn, request) => (conn.send(request).await, None),
+            };
+            (reply.ok().and_then(|r| r.outcome), Instant::now(), conn)
+        }));
+    }
+    let cpu_before = cpus(gateways)?;
+    let fired = Instant::now();
+    go.send(true).context("no burst task is listening")?;
+    let (mut cache_hits, mut last) = (0, fired);
+    let mut open = Vec::with_capacity(sent);
+    for task in tasks {
+        let (outcome, done, conn) = task.await?;
+        cache_hits += usize::from(outcome.as_deref() == Some("cache-hit"));
+        last = last.max(done);
+        open.extend(conn);
+    }
+    let cpu_after = cpus(gateways)?;
+    drop(open);
+    Ok(Burst {
+        elapsed: last - fired,
+        cpu: cpu_after
+            .iter()
+            .zip(&cpu_before)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect(),
+        cache_hits,
+        sent,
     })
 }
