@@ -27,7 +27,7 @@ use rand::Rng;
 
 use crate::answer::Answer;
 use crate::config::{OnWaitTimeout, RouteConfig};
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Fingerprint, TableHasher};
 
 #[derive(Clone)]
 struct Entry {
@@ -84,7 +84,7 @@ const SHARDS: usize = 16;
 
 /// One moka cache per shard; an entry's shard is chosen by its fingerprint.
 struct Sharded<K> {
-    shards: Vec<Cache<K, Entry>>,
+    shards: Vec<Cache<K, Entry, TableHasher>>,
 }
 
 /// An entry's weight: its answer's bytes plus [`ENTRY_OVERHEAD`], and at
@@ -110,13 +110,13 @@ impl<K: std::hash::Hash + Eq + Send + Sync + 'static> Sharded<K> {
                         .max_capacity(each)
                         .weigher(move |_: &K, entry: &Entry| weight(entry, floor))
                         .expire_after(PerEntry)
-                        .build()
+                        .build_with_hasher(TableHasher::default())
                 })
                 .collect(),
         }
     }
 
-    fn shard(&self, fp: &Fingerprint) -> &Cache<K, Entry> {
+    fn shard(&self, fp: &Fingerprint) -> &Cache<K, Entry, TableHasher> {
         // A fingerprint is a uniform hash: its first byte spreads evenly.
         &self.shards[usize::from(fp.as_bytes()[0]) % SHARDS]
     }

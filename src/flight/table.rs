@@ -22,7 +22,7 @@ use reqwest::StatusCode;
 use tokio::sync::watch;
 
 use crate::answer::{Answer, Failure, Form};
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Fingerprint, TableHasher};
 use crate::telemetry::SpanId;
 
 /// A flight is per fingerprint and per target: a failure of one provider
@@ -306,7 +306,7 @@ impl Drop for FlightGuard {
 
 /// The flights of one process.
 pub struct FlightTable {
-    map: DashMap<FlightKey, Arc<Flight>>,
+    map: DashMap<FlightKey, Arc<Flight>, TableHasher>,
     epoch: Instant,
     inflight: AtomicU64,
     on_change: Box<dyn Fn(u64) + Send + Sync>,
@@ -317,7 +317,7 @@ impl FlightTable {
     /// `idem_inflight_flights` gauge).
     pub fn new(on_change: impl Fn(u64) + Send + Sync + 'static) -> Arc<FlightTable> {
         Arc::new(FlightTable {
-            map: DashMap::new(),
+            map: DashMap::with_hasher(TableHasher::default()),
             epoch: Instant::now(),
             inflight: AtomicU64::new(0),
             on_change: Box::new(on_change),
