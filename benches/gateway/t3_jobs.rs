@@ -478,8 +478,9 @@ async fn slow(s: &Settings, dir: &Workdir, fast: &Mock, t: &mut Table) -> anyhow
         "latency {SLOW_MS} ms: a second mock answers every job's call after {SLOW_MS} ms; a \
          job holds a worker for its call, so jobs/s is bounded by jobs.workers / latency (the \
          `vs baseline` column is against that bound). Chats go to the first mock (latency 0) \
-         through the same gateway, {} requests/s on a fixed timeline as in table 1 \
-         (b); their added p99 is against the first mock's own, measured in the same run",
+         through the same gateway, {} requests/s on a fixed timeline (an open loop, as \
+         table 1 (b) runs at its own rate); their added p99 is against the first mock's own, \
+         measured in the same run",
         int(u64::from(CHAT_RATE))
     ));
     Ok(())
