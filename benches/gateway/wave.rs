@@ -69,6 +69,25 @@ enum Call {
     H2(H2Conn, hyper::Request<http_body_util::Full<bytes::Bytes>>),
 }
 
+impl Call {
+    /// The wave's request on `client`, a connection to gateway `g`.
+    fn new(
+        client: Client,
+        g: usize,
+        requests: &[Arc<Vec<u8>>],
+        endpoints: &[Endpoint],
+        body: &bytes::Bytes,
+    ) -> anyhow::Result<Call> {
+        Ok(match client {
+            Client::H1(conn) => Call::H1(conn, Arc::clone(&requests[g])),
+            Client::H2(conn) => Call::H2(
+                conn,
+                endpoints[g].post_h2("/v1/chat/completions", body.clone())?,
+            ),
+        })
+    }
+}
+
 /// One request of the wave.
 pub struct Answer {
     /// Which gateway it went to.
@@ -235,13 +254,7 @@ pub async fn run(
     for (g, client) in conns {
         let mut ready = ready.clone();
         let (sent, answered) = (Arc::clone(&sent), Arc::clone(&answered));
-        let call = match client {
-            Client::H1(conn) => Call::H1(conn, Arc::clone(&requests[g])),
-            Client::H2(conn) => Call::H2(
-                conn,
-                endpoints[g].post_h2("/v1/chat/completions", body.clone())?,
-            ),
-        };
+        let call = Call::new(client, g, &requests, &endpoints, &body)?;
         tasks.push(tokio::spawn(async move {
             let fired = ready.wait_for(|go| *go).await.is_ok();
             // The connection is handed back with the answer and closed only
@@ -376,13 +389,7 @@ async fn burst(
     let mut tasks = Vec::with_capacity(sent);
     for (g, client) in kept {
         let mut ready = ready.clone();
-        let call = match client {
-            Client::H1(conn) => Call::H1(conn, Arc::clone(&requests[g])),
-            Client::H2(conn) => Call::H2(
-                conn,
-                endpoints[g].post_h2("/v1/chat/completions", body.clone())?,
-            ),
-        };
+        let call = Call::new(client, g, requests, endpoints, body)?;
         tasks.push(tokio::spawn(async move {
             if ready.wait_for(|go| *go).await.is_err() {
                 return (None, Instant::now(), None);
