@@ -83,12 +83,32 @@ pub struct Rules<'a> {
 
 /// The hasher of the in-memory tables keyed by fingerprint (the result
 /// and negative caches, the flight table). A fingerprint is already a
-/// uniform hash, so the table's own hash need not be a slow one; it is
-/// still keyed with a random seed per process, so that a client who grinds
-/// prompts until their fingerprints share low bits cannot pile them into
-/// one bucket. SipHash, the standard library's default, was 4-5 % of a
-/// unique prompt's CPU (docs/benchmarks.md).
-pub type TableHasher = foldhash::fast::RandomState;
+/// uniform hash, so the table's own hash need not be a slow one (SipHash,
+/// the standard library's default, was 4-5 % of a unique prompt's CPU:
+/// docs/benchmarks.md); it is still keyed, with seeds drawn from the
+/// operating system's randomness, so that a client cannot grind prompts
+/// whose fingerprints pile into one bucket of a table.
+#[derive(Clone, Debug)]
+pub struct TableHasher(foldhash::fast::SeedableRandomState);
+
+impl Default for TableHasher {
+    fn default() -> Self {
+        static SHARED: std::sync::OnceLock<foldhash::SharedSeed> = std::sync::OnceLock::new();
+        let shared = SHARED.get_or_init(|| foldhash::SharedSeed::from_u64(rand::random()));
+        TableHasher(foldhash::fast::SeedableRandomState::with_seed(
+            rand::random(),
+            shared,
+        ))
+    }
+}
+
+impl std::hash::BuildHasher for TableHasher {
+    type Hasher = foldhash::fast::FoldHasher<'static>;
+
+    fn build_hasher(&self) -> Self::Hasher {
+        self.0.build_hasher()
+    }
+}
 
 /// The identity of a task: a BLAKE3 hash, printed `v1:<64 hex digits>`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -627,6 +647,18 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    #[test]
+    fn table_hashers_are_keyed_each_with_its_own_seed() {
+        use std::hash::BuildHasher;
+        let fp = Fingerprint([7; 32]);
+        let (a, b) = (TableHasher::default(), TableHasher::default());
+        // The same hasher gives the same hash (a table can find its keys)...
+        assert_eq!(a.hash_one(fp), a.hash_one(fp));
+        // ...and another one another hash: the seeds are random, not fixed
+        // (equal by chance once in 2^64).
+        assert_ne!(a.hash_one(fp), b.hash_one(fp));
+    }
 
     fn targets() -> Vec<TargetConfig> {
         vec![TargetConfig {
