@@ -216,7 +216,7 @@ pub fn targets(wanted: impl Fn(u8) -> bool) -> Table {
     recorded.sort_by_key(|t| t.number);
     let mut t = Table::new(
         "Targets: each figure beside its baseline from the same run",
-        &["target", "measured", "baseline", "target", "result"],
+        &["figure", "measured", "baseline", "target", "result"],
     );
     for (number, table) in TARGET_TABLES {
         let mine: Vec<&Target> = recorded.iter().filter(|t| t.number == number).collect();
