@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::procs::{Proc, Workdir, cpu_of};
+use crate::procs::{Proc, Workdir, cpu_of, stat_field};
 
 /// How long nginx may take to listen with all its workers.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -234,15 +234,7 @@ fn children_of(pid: u32) -> Vec<u32> {
     entries
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|child| {
-            std::fs::read_to_string(format!("/proc/{child}/stat"))
-                .ok()
-                .and_then(|t| {
-                    // After the command name: state, then the parent's pid.
-                    let rest = t.rsplit_once(')')?.1;
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(pid)
-        })
+        // Field 4: the parent's pid.
+        .filter(|child| stat_field::<u32>(*child, 4).ok() == Some(pid))
         .collect()
 }

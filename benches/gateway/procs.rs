@@ -212,23 +212,21 @@ impl Drop for Proc {
 /// User plus system CPU time of process `pid` so far, from
 /// `/proc/<pid>/stat`.
 pub fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
+    // utime is field 14, stime 15.
+    let ticks = stat_field::<u64>(pid, 14)? + stat_field::<u64>(pid, 15)?;
+    Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks() as f64))
+}
+
+/// Field `n` (counted from 1, as `man 5 proc` does) of `/proc/<pid>/stat`.
+pub fn stat_field<T: std::str::FromStr>(pid: u32, n: usize) -> anyhow::Result<T> {
     let path = format!("/proc/{pid}/stat");
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
-    // Fields after the command name (which may hold spaces and parens):
-    // state is field 3, utime 14, stime 15.
-    let rest = text
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .with_context(|| format!("unexpected {path}"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> anyhow::Result<u64> {
-        fields
-            .get(i)
-            .and_then(|f| f.parse().ok())
-            .with_context(|| format!("unexpected {path}"))
-    };
-    let total = ticks(14 - 3)? + ticks(15 - 3)?;
-    Ok(Duration::from_secs_f64(total as f64 / clock_ticks() as f64))
+    // The fields after the command name (field 2, which may hold spaces
+    // and parens) start with field 3, the state.
+    text.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(n.checked_sub(3)?))
+        .and_then(|f| f.parse().ok())
+        .with_context(|| format!("no field {n} in {path}"))
 }
 
 /// Resident memory of a process, in KiB.
