@@ -72,7 +72,7 @@ impl App {
         let cache = Arc::new(ResultCache::new(
             config.coalescing.cache_capacity,
             config.coalescing.cache_max_bytes,
-        ));
+        )?);
         crate::cache::spawn_housekeeper(&cache, crate::cache::HOUSEKEEPING_EVERY)
             .context("cannot start the cache upkeep thread")?;
         let coalescer = Coalescer::new(cache, metrics.clone());

@@ -529,7 +529,7 @@ mod tests {
         let providers = Providers::from_config(&config).unwrap();
         let routes = Routes::from_config(&config, &providers, &metrics).unwrap();
         let route = routes.get("bot").unwrap().clone();
-        let cache = Arc::new(ResultCache::new(100, 1 << 20));
+        let cache = Arc::new(ResultCache::new(100, 1 << 20).unwrap());
         (Coalescer::new(cache, metrics), route)
     }
 

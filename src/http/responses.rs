@@ -4,10 +4,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
+use quick_cache::sync::{Cache, EntryAction, EntryResult};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
@@ -20,7 +21,11 @@ use crate::store::{StoreError, StoredResponse};
 /// id, same body): a wave of them writes it once, the others wait for that
 /// write, instead of a row write per asker. Forgotten after a minute (well
 /// within any retention) or when the response is deleted.
-pub struct Kept(moka::sync::Cache<KeptKey, Arc<OnceCell<()>>>);
+pub struct Kept {
+    written: Cache<KeptKey, (Instant, Arc<OnceCell<()>>)>,
+    /// How long a write is remembered.
+    remember: Duration,
+}
 
 /// A kept response's tenant and id.
 type KeptKey = (Arc<str>, Arc<str>);
@@ -33,12 +38,15 @@ impl Default for Kept {
 
 impl Kept {
     pub fn new() -> Kept {
-        Kept(
-            moka::sync::Cache::builder()
-                .max_capacity(100_000)
-                .time_to_live(Duration::from_secs(60))
-                .build(),
-        )
+        Kept::remembering(Duration::from_secs(60))
+    }
+
+    /// Remembers each write for `remember`, and at most 100,000 of them.
+    fn remembering(remember: Duration) -> Kept {
+        Kept {
+            written: Cache::new(100_000),
+            remember,
+        }
     }
 
     /// Keeps `kept` in `store`, unless this replica kept it a moment ago.
@@ -59,15 +67,31 @@ impl Kept {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(), StoreError>>,
     {
-        let cell = self.0.get_with((Arc::from(tenant), Arc::from(id)), || {
-            Arc::new(OnceCell::new())
+        let key: KeptKey = (Arc::from(tenant), Arc::from(id));
+        let remembered = self.written.entry(&key, None, |_, (at, cell)| {
+            if at.elapsed() < self.remember {
+                EntryAction::Retain(cell.clone())
+            } else {
+                EntryAction::ReplaceWithGuard
+            }
         });
+        let cell = match remembered {
+            EntryResult::Retained(cell) => cell,
+            EntryResult::Vacant(guard) | EntryResult::Replaced(guard, _) => {
+                let cell = Arc::new(OnceCell::new());
+                let _ = guard.insert((Instant::now(), cell.clone()));
+                cell
+            }
+            // (neither is asked for: no removal, no timeout)
+            EntryResult::Removed(..) | EntryResult::Timeout => Arc::new(OnceCell::new()),
+        };
         cell.get_or_try_init(write).await.map(|_| ())
     }
 
     /// The response is gone: the next asker keeps it again.
     pub fn forget(&self, tenant: &str, id: &str) {
-        self.0.invalidate(&(Arc::from(tenant), Arc::from(id)));
+        self.written
+            .remove(&(Arc::<str>::from(tenant), Arc::<str>::from(id)));
     }
 }
 
@@ -154,5 +178,27 @@ mod tests {
         kept.forget("t1", "resp_a");
         kept.once("t1", "resp_a", write).await.unwrap();
         assert_eq!(writes.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn a_write_is_remembered_for_a_while_only() {
+        let kept = Kept::remembering(Duration::from_millis(30));
+        let writes = AtomicUsize::new(0);
+        let write = || async {
+            writes.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        kept.once("t1", "resp_a", write).await.unwrap();
+        kept.once("t1", "resp_a", write).await.unwrap();
+        assert_eq!(writes.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        kept.once("t1", "resp_a", write).await.unwrap();
+        assert_eq!(
+            writes.load(Ordering::SeqCst),
+            2,
+            "written again once forgotten"
+        );
+        kept.once("t1", "resp_a", write).await.unwrap();
+        assert_eq!(writes.load(Ordering::SeqCst), 2);
     }
 }
