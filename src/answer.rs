@@ -24,6 +24,8 @@ use crate::config::RouteCache;
 use crate::prices::Tokens;
 use crate::sse::SseError;
 
+mod probe;
+
 /// An OpenAI error object, `{"error": {"message", "type", "code",
 /// "param"}}`: the body of an answer idem writes itself, and of every error
 /// the HTTP layer sends.
@@ -94,6 +96,19 @@ fn check_completion(v: &Value) -> Result<(), Malformed> {
     {
         Some(i) => Err(Malformed::NoMessage(i)),
         None => Ok(()),
+    }
+}
+
+/// [`check_completion`] on a plain body's [`probe::Shape`]: the same
+/// verdicts in the same order.
+fn check_shape(shape: &probe::Shape) -> Result<(), Malformed> {
+    if shape.error {
+        return Err(Malformed::ErrorObject);
+    }
+    match shape.choices {
+        probe::Choices::Absent | probe::Choices::Empty => Err(Malformed::NoChoices),
+        probe::Choices::Array { first_bad: Some(i) } => Err(Malformed::NoMessage(i)),
+        probe::Choices::Array { first_bad: None } => Ok(()),
     }
 }
 
@@ -202,27 +217,35 @@ impl Answer {
         if !self.is_success() {
             return None;
         }
-        let completion = match self.form {
+        let (tokens, plain) = match self.form {
             Form::Plain if self.body.is_empty() => return Some(Malformed::Empty),
-            Form::Plain => match serde_json::from_slice::<Value>(&self.body) {
-                Ok(v) => v,
+            // Read without building the document (this runs for every
+            // answer a provider gives).
+            Form::Plain => match serde_json::from_slice::<probe::Top>(&self.body) {
+                Ok(probe::Top::Object(shape)) => {
+                    if let Err(why) = check_shape(&shape) {
+                        return Some(why);
+                    }
+                    (shape.usage.as_ref().and_then(Tokens::of_usage), None)
+                }
+                Ok(probe::Top::NotAnObject) => return Some(Malformed::NotAnObject),
                 Err(e) => return Some(Malformed::NotJson(e)),
             },
-            Form::Stream => match crate::sse::assemble(&self.body) {
-                Ok(v) => v,
-                Err(e) => return Some(Malformed::Stream(e)),
-            },
+            Form::Stream => {
+                let completion = match crate::sse::assemble(&self.body) {
+                    Ok(v) => v,
+                    Err(e) => return Some(Malformed::Stream(e)),
+                };
+                if let Err(why) = check_completion(&completion) {
+                    return Some(why);
+                }
+                let tokens = completion.get("usage").and_then(Tokens::of_usage);
+                (tokens, Some(Bytes::from(completion.to_string())))
+            }
         };
-        if let Err(why) = check_completion(&completion) {
-            return Some(why);
-        }
-        let tokens = completion.get("usage").and_then(Tokens::of_usage);
         let _ = self.rendered.tokens.set(tokens);
-        if self.form == Form::Stream {
-            let _ = self
-                .rendered
-                .plain
-                .set(Ok(Bytes::from(completion.to_string())));
+        if let Some(plain) = plain {
+            let _ = self.rendered.plain.set(Ok(plain));
         }
         None
     }
@@ -604,6 +627,113 @@ mod tests {
     }
 
     const GOOD: &str = r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+
+    /// What parsing a plain body into a `Value` said before the probe: the
+    /// verdict and the tokens.
+    fn verdict_of_the_tree(body: &[u8]) -> (String, Option<Tokens>) {
+        if body.is_empty() {
+            return (format!("{:?}", Some(Malformed::Empty)), None);
+        }
+        match serde_json::from_slice::<Value>(body) {
+            Err(e) => (format!("{:?}", Some(Malformed::NotJson(e))), None),
+            Ok(v) => match check_completion(&v) {
+                Err(why) => (format!("{:?}", Some(why)), None),
+                Ok(()) => (
+                    format!("{:?}", None::<Malformed>),
+                    v.get("usage").and_then(Tokens::of_usage),
+                ),
+            },
+        }
+    }
+
+    #[test]
+    fn the_probe_gives_the_verdicts_of_the_whole_document_on_odd_answers() {
+        let mut deep = String::new();
+        for _ in 0..200 {
+            deep.push('[');
+        }
+        for _ in 0..200 {
+            deep.push(']');
+        }
+        let bodies: Vec<Vec<u8>> = [
+            GOOD,
+            "",
+            " ",
+            "null",
+            "true",
+            "\"choices\"",
+            "12",
+            "[]",
+            "[{\"choices\": []}]",
+            "{}",
+            // a key given twice counts by its last value
+            r#"{"choices": [], "choices": [{"message": {}}]}"#,
+            r#"{"choices": [{"message": {}}], "choices": []}"#,
+            r#"{"error": {"x": 1}, "error": null, "choices": [{"message": {}}]}"#,
+            r#"{"error": null, "error": 0, "choices": [{"message": {}}]}"#,
+            r#"{"choices": [{"message": {}, "message": "x"}]}"#,
+            r#"{"choices": [{"message": "x", "message": {}}]}"#,
+            r#"{"usage": {"prompt_tokens": 1}, "choices": [{"message": {}}], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}"#,
+            r#"{"usage": {"prompt_tokens": 1}, "choices": [{"message": {}}], "usage": null}"#,
+            // escaped keys are the same keys
+            r#"{"ch\u006fices": [{"m\u0065ssage": {}}], "\u0065rror": null}"#,
+            r#"{"\u0065rror": false, "choices": [{"message": {}}]}"#,
+            // every kind of error member, choices and choice
+            r#"{"error": "", "choices": [{"message": {}}]}"#,
+            r#"{"error": [], "choices": [{"message": {}}]}"#,
+            r#"{"choices": {"0": {"message": {}}}}"#,
+            r#"{"choices": "x"}"#,
+            r#"{"choices": null}"#,
+            r#"{"choices": [null]}"#,
+            r#"{"choices": [[{"message": {}}]]}"#,
+            r#"{"choices": ["x", 1, true]}"#,
+            r#"{"choices": [{"message": null}]}"#,
+            r#"{"choices": [{"message": []}]}"#,
+            r#"{"choices": [{"message": {}}, {"message": 1}, {}]}"#,
+            r#"{"choices": [{"message": {"content": [1, {"a": [null]}]}}], "x": [[[]]]}"#,
+            // not JSON, wherever it hides
+            r#"{"x": 1e999, "choices": [{"message": {}}]}"#,
+            r#"{"x": -1e999, "choices": [{"message": {}}]}"#,
+            r#"{"x": 123456789012345678901234567890, "choices": [{"message": {}}]}"#,
+            r#"{"x": "\ud800", "choices": [{"message": {}}]}"#,
+            r#"{"x": "\udc00\ud800", "choices": [{"message": {}}]}"#,
+            r#"{"x": "\q", "choices": [{"message": {}}]}"#,
+            r#"{"x": 01, "choices": [{"message": {}}]}"#,
+            r#"{"x": 1., "choices": [{"message": {}}]}"#,
+            r#"{"x": [1,], "choices": [{"message": {}}]}"#,
+            r#"{"x": {"a": 1,}, "choices": [{"message": {}}]}"#,
+            r#"{"choices": [{"message": {}}]} x"#,
+            r#"{"choices": [{"message": {}}]}  "#,
+            "{\"choices\": [{\"message\": {}}], \"x\": \"tab\there\"}",
+        ]
+        .iter()
+        .map(|b| b.as_bytes().to_vec())
+        .chain([
+            b"{\"x\": \"\xff\", \"choices\": [{\"message\": {}}]}".to_vec(),
+            b"\xef\xbb\xbf{\"choices\": [{\"message\": {}}]}".to_vec(),
+            format!(r#"{{"x": {deep}, "choices": [{{"message": {{}}}}]}}"#).into_bytes(),
+            format!(r#"{{"choices": [{{"message": {{"content": {deep}}}}}]}}"#).into_bytes(),
+            GOOD.as_bytes()[..GOOD.len() - 1].to_vec(),
+        ])
+        .collect();
+        for body in bodies {
+            let answer = success(Form::Plain, "");
+            let answer = Answer {
+                body: Bytes::from(body.clone()),
+                ..answer
+            };
+            let probed = (
+                format!("{:?}", answer.malformed()),
+                answer.rendered.tokens.get().copied().flatten(),
+            );
+            assert_eq!(
+                probed,
+                verdict_of_the_tree(&body),
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+    }
 
     #[test]
     fn a_success_that_is_no_chat_completion_is_malformed() {
