@@ -48,6 +48,9 @@ macro_rules! yield_for_others {
         yield_for_others!($value, $value);
     };
     ($null:expr, $value:expr) => {
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
         fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
             Ok($null)
         }
@@ -69,22 +72,26 @@ macro_rules! yield_for_others {
     };
 }
 
+/// `$ty` read by `$visitor` from any JSON value.
+macro_rules! read_with {
+    ($ty:ty, $visitor:ident) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
+                d.deserialize_any($visitor)
+            }
+        }
+
+        struct $visitor;
+    };
+}
+
 /// Any JSON value, parsed and dropped.
 struct Any;
 
-impl<'de> Deserialize<'de> for Any {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Any, D::Error> {
-        d.deserialize_any(AnyVisitor)
-    }
-}
-
-struct AnyVisitor;
+read_with!(Any, AnyVisitor);
 
 impl<'de> Visitor<'de> for AnyVisitor {
     type Value = Any;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
     yield_for_others!(Any);
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Any, A::Error> {
         drain_seq(seq).map(|_| Any)
@@ -140,19 +147,10 @@ impl Visitor<'_> for KeyVisitor {
     }
 }
 
-impl<'de> Deserialize<'de> for Top {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Top, D::Error> {
-        d.deserialize_any(TopVisitor)
-    }
-}
-
-struct TopVisitor;
+read_with!(Top, TopVisitor);
 
 impl<'de> Visitor<'de> for TopVisitor {
     type Value = Top;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON document")
-    }
     yield_for_others!(Top::NotAnObject);
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Top, A::Error> {
         drain_seq(seq).map(|_| Top::NotAnObject)
@@ -176,19 +174,10 @@ impl<'de> Visitor<'de> for TopVisitor {
 /// Whether a value is anything but `null`.
 struct NotNull(bool);
 
-impl<'de> Deserialize<'de> for NotNull {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<NotNull, D::Error> {
-        d.deserialize_any(NotNullVisitor)
-    }
-}
-
-struct NotNullVisitor;
+read_with!(NotNull, NotNullVisitor);
 
 impl<'de> Visitor<'de> for NotNullVisitor {
     type Value = NotNull;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
     yield_for_others!(NotNull(false), NotNull(true));
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<NotNull, A::Error> {
         drain_seq(seq).map(|_| NotNull(true))
@@ -198,19 +187,10 @@ impl<'de> Visitor<'de> for NotNullVisitor {
     }
 }
 
-impl<'de> Deserialize<'de> for Choices {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Choices, D::Error> {
-        d.deserialize_any(ChoicesVisitor)
-    }
-}
-
-struct ChoicesVisitor;
+read_with!(Choices, ChoicesVisitor);
 
 impl<'de> Visitor<'de> for ChoicesVisitor {
     type Value = Choices;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
     yield_for_others!(Choices::Absent);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
         let (mut n, mut first_bad) = (0, None);
@@ -234,19 +214,10 @@ impl<'de> Visitor<'de> for ChoicesVisitor {
 /// A choice: whether it is an object whose `message` is an object.
 struct HasMessage(bool);
 
-impl<'de> Deserialize<'de> for HasMessage {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HasMessage, D::Error> {
-        d.deserialize_any(HasMessageVisitor)
-    }
-}
-
-struct HasMessageVisitor;
+read_with!(HasMessage, HasMessageVisitor);
 
 impl<'de> Visitor<'de> for HasMessageVisitor {
     type Value = HasMessage;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
     yield_for_others!(HasMessage(false));
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<HasMessage, A::Error> {
         drain_seq(seq).map(|_| HasMessage(false))
@@ -268,19 +239,10 @@ impl<'de> Visitor<'de> for HasMessageVisitor {
 /// Whether a value is an object.
 struct IsObject(bool);
 
-impl<'de> Deserialize<'de> for IsObject {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<IsObject, D::Error> {
-        d.deserialize_any(IsObjectVisitor)
-    }
-}
-
-struct IsObjectVisitor;
+read_with!(IsObject, IsObjectVisitor);
 
 impl<'de> Visitor<'de> for IsObjectVisitor {
     type Value = IsObject;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
     yield_for_others!(IsObject(false));
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<IsObject, A::Error> {
         drain_seq(seq).map(|_| IsObject(false))
