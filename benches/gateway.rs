@@ -17,13 +17,15 @@
 //! variables, else the local servers).
 //!
 //! Layout: `http` (a lean HTTP/1.1 client), `load` (closed and open loops),
-//! `nginx` (the proxy baseline of table 1), `wave` (N identical requests at
+//! `nginx` and `bare` (the proxy baselines of table 1), `wave` (N identical requests at
 //! once), `procs` (child processes, their memory and CPU, schemas and Redis
 //! keys), `report` (tables, and the summary of targets printed last), then
 //! one module per table.
 
 // Cargo would take `benches/*.rs` files for bench targets of their own, so
 // the modules live in `benches/gateway/`.
+#[path = "gateway/bare.rs"]
+mod bare;
 #[path = "gateway/http.rs"]
 mod http;
 #[path = "gateway/load.rs"]
@@ -115,6 +117,10 @@ async fn table(n: u8, s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
 }
 
 fn main() -> ExitCode {
+    // Table 1's bare proxy is this executable again.
+    if let Some(code) = bare::serve_if_asked() {
+        return code;
+    }
     let settings = match Settings::from_env() {
         Ok(s) => Arc::new(s),
         Err(e) => {

@@ -87,9 +87,15 @@ impl Proc {
         args: &[&str],
         log: PathBuf,
     ) -> anyhow::Result<Proc> {
+        let mut command = Command::new(program);
+        command.args(args);
+        Proc::spawn_command(command, name, log)
+    }
+
+    /// `command`, its output to `log`.
+    pub fn spawn_command(mut command: Command, name: &str, log: PathBuf) -> anyhow::Result<Proc> {
         let out = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-        let child = Command::new(program)
-            .args(args)
+        let child = command
             .env_remove("IDEM_CONFIG")
             .env(ANTHROPIC_KEY_ENV, KEY)
             .stdin(Stdio::null())
@@ -110,7 +116,7 @@ impl Proc {
 
     /// Polls the log until `pick` finds what it looks for in a line; fails
     /// with the process's last words if it exits first.
-    async fn wait_for(
+    pub async fn wait_for(
         &mut self,
         what: &str,
         pick: impl Fn(&str) -> Option<String>,

@@ -6,12 +6,15 @@
 //! an Anthropic target (the mock's Messages API face), prices the
 //! translation both ways: table 1c. A fourth, idem with traces on (to a
 //! collector in this process that takes every export), prices them:
-//! table 1d.
+//! table 1d. A fifth, in the closed loop only, a bare proxy on the libraries
+//! idem is built on (tokio and hyper), is the floor of what such a gateway
+//! costs here: table 1e.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Settings;
+use crate::bare::Bare;
 use crate::http::Endpoint;
 use crate::load::{self, Run};
 use crate::nginx::{self, Nginx};
@@ -44,14 +47,17 @@ enum Side {
     Anthropic,
     /// idem with traces on.
     Traced,
+    /// A bare tokio/hyper proxy (closed loop only).
+    Bare,
 }
 
-const SIDES: [Side; 5] = [
+const SIDES: [Side; 6] = [
     Side::Direct,
     Side::Nginx,
     Side::Idem,
     Side::Anthropic,
     Side::Traced,
+    Side::Bare,
 ];
 
 /// An OTLP/HTTP collector that takes every export and counts its bytes.
@@ -141,6 +147,8 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
         },
         Err(why) => Err(why),
     };
+    let bare = Bare::start(&dir, mock.addr).await?;
+    let via_bare = Endpoint::new(bare.addr, Some(KEY));
     let direct = Endpoint::new(mock.addr, Some(KEY));
     let via_nginx = proxy
         .as_ref()
@@ -151,7 +159,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     let mut idem_t = Endpoint::new(gateway_t.addr, Some(KEY));
 
     // Warm-up: connection pools, allocator, the route's latency tracker.
-    for endpoint in [&direct, &idem, &idem_c, &idem_t]
+    for endpoint in [&direct, &idem, &idem_c, &idem_t, &via_bare]
         .into_iter()
         .chain(via_nginx.as_ref())
     {
@@ -159,6 +167,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     }
 
     let mut measured = [
+        Measured::new()?,
         Measured::new()?,
         Measured::new()?,
         Measured::new()?,
@@ -200,6 +209,8 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
                 (Side::Idem, _, _) => (&idem, Box::new(|| gateway.proc.cpu())),
                 (Side::Anthropic, _, _) => (&idem_c, Box::new(|| gateway_c.proc.cpu())),
                 (Side::Traced, _, _) => (&idem_t, Box::new(|| gateway_t.proc.cpu())),
+                (Side::Bare, _, _) if closed => (&via_bare, Box::new(|| bare.proc.cpu())),
+                (Side::Bare, _, _) => continue,
             };
             let make = load::unique_chats(endpoint);
             let calls_before = mock.calls().await?;
@@ -229,17 +240,94 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
             }
         }
     }
-    let [d, n, i, c, t] = measured;
+    let [d, n, i, c, t, b] = measured;
     let exported = exported.load(std::sync::atomic::Ordering::Relaxed);
     let n = match &proxy {
         Ok((_, found)) => Ok((&n, found.describe())),
         Err(why) => Err(why.as_str()),
     };
     Ok(vec![
-        overhead(&d, n, &i, rounds_a, secs_a, rounds_b, secs_b),
+        overhead(&d, n.clone(), &i, rounds_a, secs_a, rounds_b, secs_b),
         translation(&d, &i, &c),
         tracing_cost(&d, &i, &t, exported),
+        floor(&d, n.ok().map(|(m, _)| m), &i, &b),
     ])
+}
+
+/// Table 1e: the bare tokio/hyper proxy beside nginx and idem (closed loop):
+/// the libraries' share of idem's cost and idem's own.
+fn floor(d: &Measured, nginx: Option<&Measured>, i: &Measured, b: &Measured) -> Table {
+    let mut t = Table::new(
+        "1e. The floor: a bare tokio/hyper proxy (closed loop, unique prompts)",
+        &[
+            "figure",
+            "nginx proxy",
+            "bare tokio/hyper proxy",
+            "through idem",
+            "idem - bare",
+        ],
+    );
+    let na = || "n/a".to_string();
+    let rate_vs = |m: &Measured| {
+        nginx.map_or_else(
+            || per_sec(m.a.rate()),
+            |n| {
+                format!(
+                    "{} ({})",
+                    per_sec(m.a.rate()),
+                    ratio(m.a.rate(), n.a.rate())
+                )
+            },
+        )
+    };
+    let cpu_vs = |m: &Measured| {
+        nginx.map_or_else(
+            || format!("{:.1}", m.cpu_us()),
+            |n| format!("{:.1} ({})", m.cpu_us(), ratio(m.cpu_us(), n.cpu_us())),
+        )
+    };
+    t.row([
+        "throughput, req/s (x nginx)".into(),
+        nginx.map_or_else(na, |n| per_sec(n.a.rate())),
+        rate_vs(b),
+        rate_vs(i),
+        String::new(),
+    ]);
+    let own = i.cpu_us() - b.cpu_us();
+    t.row([
+        "CPU per request, us (x nginx)".into(),
+        nginx.map_or_else(na, |n| format!("{:.1}", n.cpu_us())),
+        cpu_vs(b),
+        cpu_vs(i),
+        format!("{own:+.1}"),
+    ]);
+    report::target(
+        3,
+        "CPU per request beyond a bare tokio/hyper proxy, us",
+        format!("{own:+.1}"),
+        format!(
+            "bare proxy {:.1}{}",
+            b.cpu_us(),
+            nginx.map_or_else(String::new, |n| format!(
+                " ({} nginx)",
+                ratio(b.cpu_us(), n.cpu_us())
+            ))
+        ),
+        "-",
+        "informational",
+    );
+    t.note(format!(
+        "the bare proxy reads each request whole, sends it on a pooled keepalive \
+         connection (hyper-util's client, as reqwest inside idem), reads the answer \
+         whole and sends it back: no parsing, no cache, no log; {} requests through it",
+        int(b.a.sent())
+    ));
+    t.note(format!(
+        "upstream calls through it: {} (the mock directly: {} req/s)",
+        int(b.calls),
+        per_sec(d.a.rate())
+    ));
+    t
 }
 
 /// Table 1: the mock directly, nginx in front of it, idem in front of it;
@@ -424,7 +512,8 @@ fn overhead(
     ));
     t.note(
         "each round rotates the order of the sides (direct, nginx, idem, idem with an Anthropic target: table 1c, \
-         idem with traces: table 1d); idem logs one JSON line per request (its default); \
+         idem with traces: table 1d, and in (a) a bare tokio/hyper proxy: table 1e); idem logs one JSON \
+         line per request (its default); \
          (b) runs on fresh gateways, warmed up like (a)'s",
     );
     match &n {
