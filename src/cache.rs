@@ -508,6 +508,25 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_over_nine_tenths_of_a_shard_is_not_cached() {
+        // (docs/configuration.md: "over 5.6 % of cache_max_bytes"): here
+        // 16 shards of 1 MiB, so at most 0.9 MiB an answer.
+        let route = route();
+        let ttl = Duration::from_secs(60);
+        let cache = ResultCache::new(100, 16 << 20).unwrap();
+        let limit = (1u64 << 20) * 9 / 10;
+        let weight_of = |a: &Arc<Answer>| a.size_bytes() as u64 + ENTRY_OVERHEAD;
+        let under = answer_of(900 * 1024);
+        assert!(weight_of(&under) <= limit);
+        cache.put(fp_of(1), under, ttl, &route);
+        assert!(cache.fresh(&fp_of(1)).is_some());
+        let over = answer_of(930 * 1024);
+        assert!(weight_of(&over) > limit);
+        cache.put(fp_of(2), over, ttl, &route);
+        assert!(cache.fresh(&fp_of(2)).is_none());
+    }
+
+    #[test]
     fn zero_jitter_is_exact() {
         assert_eq!(
             jittered_ttl(Duration::from_secs(5), 0.0),
