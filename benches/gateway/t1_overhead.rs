@@ -319,7 +319,8 @@ fn floor(d: &Measured, nginx: Option<&Measured>, i: &Measured, b: &Measured) -> 
     t.note(format!(
         "the bare proxy reads each request whole, sends it on a pooled keepalive \
          connection (hyper-util's client, as reqwest inside idem), reads the answer \
-         whole and sends it back: no parsing, no cache, no log; {} requests through it",
+         whole and sends it back: no parsing, no cache, no log (the bench's own executable, so the \
+         system allocator where idem has jemalloc); {} requests through it",
         int(b.a.sent())
     ));
     t.note(format!(
