@@ -101,12 +101,9 @@ impl<'de> Visitor<'de> for AnyVisitor {
     }
 }
 
-fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<usize, A::Error> {
-    let mut n = 0;
-    while seq.next_element::<Any>()?.is_some() {
-        n += 1;
-    }
-    Ok(n)
+fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<Any>()?.is_some() {}
+    Ok(())
 }
 
 fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {

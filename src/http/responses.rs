@@ -182,7 +182,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_is_remembered_for_a_while_only() {
-        let kept = Kept::remembering(Duration::from_millis(30));
+        let kept = Kept::remembering(Duration::from_millis(300));
         let writes = AtomicUsize::new(0);
         let write = || async {
             writes.fetch_add(1, Ordering::SeqCst);
@@ -191,7 +191,7 @@ mod tests {
         kept.once("t1", "resp_a", write).await.unwrap();
         kept.once("t1", "resp_a", write).await.unwrap();
         assert_eq!(writes.load(Ordering::SeqCst), 1);
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        tokio::time::sleep(Duration::from_millis(350)).await;
         kept.once("t1", "resp_a", write).await.unwrap();
         assert_eq!(
             writes.load(Ordering::SeqCst),
