@@ -1,4 +1,4 @@
-//! `cargo bench --bench analyze`: how fast `idem analyze` reads a request
+//! `cargo bench --profile profiling --bench analyze`: how fast `idem analyze` reads a request
 //! log. Writes a 1,000,000-line log of realistic lines (a mix of one-off
 //! requests, bursts and repeats, two tenants) to a temporary file, analyses
 //! it as the command does, and prints lines per second against the

@@ -1,7 +1,8 @@
-//! idem's benchmark suite: `cargo bench --bench gateway`.
+//! idem's benchmark suite: `cargo bench --profile profiling --bench gateway`
+//! (the release build with line tables, for profiles: docs/benchmarks.md).
 //!
 //! Each table starts what it measures as real processes on loopback: the
-//! gateway (`idem serve`, the release binary cargo builds for this bench)
+//! gateway (`idem serve`, the binary cargo builds for this bench)
 //! and the provider (`idem mock-upstream`). This process is the load
 //! generator, on its own tokio runtime. Every figure is printed next to a
 //! baseline measured in the same run (the provider without idem, nginx as
@@ -258,7 +259,7 @@ fn header(s: &Settings) -> String {
         None => "all".into(),
     };
     format!(
-        "idem benchmark suite (cargo bench --bench gateway)\n\
+        "idem benchmark suite (cargo bench --profile profiling --bench gateway)\n\
          \x20 date      {date}\n\
          \x20 machine   {cores} cores ({cpu}), {kernel}, load average {load} at start\n\
          \x20 idem      {version}, commit {commit}{}\n\

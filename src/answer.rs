@@ -1,9 +1,11 @@
 //! A finished upstream answer as idem keeps and hands it out: what a flight
 //! ends with, what the result cache stores, what a job's attempt reports.
 //!
-//! An [`Answer`] is immutable and shared behind an `Arc`; it remembers the
-//! form the provider used (plain JSON or an SSE stream) and renders either
-//! form on demand, so a follower gets the answer in the form it asked for.
+//! An [`Answer`] is immutable and shared behind an `Arc`; it is kept in its
+//! request's dialect, as the provider wrote it (translated only when the
+//! target speaks another dialect), and remembers the form the provider used
+//! (plain JSON or an SSE stream): it renders either form on demand, so a
+//! follower gets the answer in the form it asked for.
 //! [`Verdict`] classifies it the way docs/design.md, "Jobs and attempts" does (`succeeded`,
 //! `failed`: the provider certainly did not do the work, `unknown`: it may
 //! have), and [`Answer::negative_ttl`] applies the cache table of section 4.
@@ -21,6 +23,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::config::RouteCache;
+use crate::dialect::{Dialect, Unfit};
 use crate::prices::Tokens;
 use crate::sse::SseError;
 
@@ -57,6 +60,10 @@ pub enum Failure {
     BadAnswer,
     /// The answer grew past its provider's `max_answer_bytes`.
     TooLarge,
+    /// The provider refused idem's own credentials (its 401 or 403): the
+    /// operator's key is wrong, not the client's, so the client gets a 502
+    /// that says so, never the provider's `invalid_api_key`.
+    Credentials,
 }
 
 /// Why a provider's 2xx answer is not a well-formed chat completion.
@@ -76,6 +83,9 @@ pub enum Malformed {
     NoMessage(usize),
     #[error("the stream is not a whole chat completion: {0}")]
     Stream(#[source] SseError),
+    /// Not a whole answer of the Messages or Responses dialect.
+    #[error("{0}")]
+    Dialect(#[from] Unfit),
 }
 
 /// Checks the shape every chat completion has: an object without an
@@ -125,6 +135,8 @@ pub enum Verdict {
 /// One finished answer.
 #[derive(Debug, Clone)]
 pub struct Answer {
+    /// The dialect of its body (its request's).
+    pub dialect: Dialect,
     pub status: StatusCode,
     pub form: Form,
     /// The complete body: the JSON document, or the whole SSE byte stream.
@@ -148,6 +160,7 @@ impl Answer {
     /// A plain 200 answer from `provider`'s `model`, for tests.
     pub fn test_ok(provider: &str, model: &str) -> Answer {
         Answer {
+            dialect: Dialect::Chat,
             status: StatusCode::OK,
             form: Form::Plain,
             body: Bytes::from_static(b"{}"),
@@ -188,9 +201,11 @@ impl Answer {
             Failure::Contract => (StatusCode::BAD_GATEWAY, "contract_violation"),
             Failure::BadAnswer => (StatusCode::BAD_GATEWAY, "bad_upstream_answer"),
             Failure::TooLarge => (StatusCode::BAD_GATEWAY, "upstream_answer_too_large"),
+            Failure::Credentials => (StatusCode::BAD_GATEWAY, "provider_auth_failed"),
         };
         let body = error_body(message, "upstream_error", code, None);
         Answer {
+            dialect: Dialect::Chat,
             status,
             form: Form::Plain,
             body: Bytes::from(body.to_string()),
@@ -217,21 +232,25 @@ impl Answer {
         if !self.is_success() {
             return None;
         }
-        let (tokens, plain) = match self.form {
-            Form::Plain if self.body.is_empty() => return Some(Malformed::Empty),
+        let (tokens, plain) = match (self.dialect, self.form) {
+            (Dialect::Chat | Dialect::Embeddings, Form::Plain) if self.body.is_empty() => {
+                return Some(Malformed::Empty);
+            }
             // Read without building the document (this runs for every
             // answer a provider gives).
-            Form::Plain => match serde_json::from_slice::<probe::Top>(&self.body) {
-                Ok(probe::Top::Object(shape)) => {
-                    if let Err(why) = check_shape(&shape) {
-                        return Some(why);
+            (Dialect::Chat | Dialect::Embeddings, Form::Plain) => {
+                match serde_json::from_slice::<probe::Top>(&self.body) {
+                    Ok(probe::Top::Object(shape)) => {
+                        if let Err(why) = check_shape(&shape) {
+                            return Some(why);
+                        }
+                        (shape.usage.as_ref().and_then(Tokens::of_usage), None)
                     }
-                    (shape.usage.as_ref().and_then(Tokens::of_usage), None)
+                    Ok(probe::Top::NotAnObject) => return Some(Malformed::NotAnObject),
+                    Err(e) => return Some(Malformed::NotJson(e)),
                 }
-                Ok(probe::Top::NotAnObject) => return Some(Malformed::NotAnObject),
-                Err(e) => return Some(Malformed::NotJson(e)),
-            },
-            Form::Stream => {
+            }
+            (Dialect::Chat | Dialect::Embeddings, Form::Stream) => {
                 let completion = match crate::sse::assemble(&self.body) {
                     Ok(v) => v,
                     Err(e) => return Some(Malformed::Stream(e)),
@@ -242,6 +261,37 @@ impl Answer {
                 let tokens = completion.get("usage").and_then(Tokens::of_usage);
                 (tokens, Some(Bytes::from(completion.to_string())))
             }
+            (Dialect::Messages, form) => {
+                let message = match form {
+                    Form::Plain => crate::dialect::messages::check_plain(&self.body),
+                    Form::Stream => crate::dialect::messages::assemble(&self.body),
+                };
+                match message {
+                    Ok(m) => {
+                        let plain = (form == Form::Stream).then(|| Bytes::from(m.to_string()));
+                        (crate::dialect::messages::tokens(&m), plain)
+                    }
+                    Err(why) => return Some(why.into()),
+                }
+            }
+            (Dialect::Responses, form) => {
+                let response = match form {
+                    Form::Plain => crate::dialect::responses::check_plain(&self.body),
+                    Form::Stream => crate::dialect::responses::assemble(&self.body),
+                };
+                match response {
+                    Ok(r) => {
+                        let plain = (form == Form::Stream).then(|| Bytes::from(r.to_string()));
+                        (crate::dialect::responses::tokens(&r), plain)
+                    }
+                    Err(why) => return Some(why.into()),
+                }
+            }
+            (Dialect::CountTokens, _) => match crate::dialect::count::check_plain(&self.body) {
+                // A count spends no tokens.
+                Ok(_) => (None, None),
+                Err(why) => return Some(why.into()),
+            },
         };
         let _ = self.rendered.tokens.set(tokens);
         if let Some(plain) = plain {
@@ -252,9 +302,17 @@ impl Answer {
 
     /// This answer replaced by a [`Failure::BadAnswer`] that says `why`.
     pub fn into_bad(self, why: &Malformed) -> Answer {
+        let what = match self.dialect {
+            Dialect::Chat => "a chat completion",
+            Dialect::Messages => "a whole message",
+            Dialect::Responses => "a completed response",
+            Dialect::CountTokens => "a token count",
+            Dialect::Embeddings => "an embeddings list",
+        };
         let message = match why {
             // The provider's own words, as far as they go.
-            Malformed::Stream(SseError::Upstream(error)) => {
+            Malformed::Stream(SseError::Upstream(error))
+            | Malformed::Dialect(Unfit::Failed(error)) => {
                 let said = error
                     .get("message")
                     .and_then(Value::as_str)
@@ -266,7 +324,7 @@ impl Answer {
                 )
             }
             _ => format!(
-                "provider {} answered with something that is not a chat completion: {why}",
+                "provider {} answered with something that is not {what}: {why}",
                 self.provider
             ),
         };
@@ -305,6 +363,7 @@ impl Answer {
             // retry (or the next target) is the only way to a result.
             Some(Failure::BadAnswer) => return Verdict::Failed("bad_upstream_answer"),
             Some(Failure::TooLarge) => return Verdict::Failed("upstream_answer_too_large"),
+            Some(Failure::Credentials) => return Verdict::Failed("provider_auth_failed"),
             None => {}
         }
         match self.status.as_u16() {
@@ -342,9 +401,13 @@ impl Answer {
             // A provider that answers garbage, or an answer that large, is
             // likely to do so again at once: kept like a 5xx, so waiters
             // do not pay for it again and again.
-            Some(Failure::Broken | Failure::Connect | Failure::BadAnswer | Failure::TooLarge) => {
-                Some(policy.server_error_ttl)
-            }
+            Some(
+                Failure::Broken
+                | Failure::Connect
+                | Failure::BadAnswer
+                | Failure::TooLarge
+                | Failure::Credentials,
+            ) => Some(policy.server_error_ttl),
             // idem's own trouble is not the provider's: never cached.
             Some(Failure::LeaderLost) | Some(Failure::Contract) => None,
             None => match self.status.as_u16() {
@@ -354,9 +417,10 @@ impl Answer {
         }
     }
 
-    /// The body as a plain `chat.completion` JSON document, or, for a
-    /// stream that cannot be assembled into one, an OpenAI error body (a
-    /// success in name only: never to be sent with a 2xx).
+    /// The body as a plain document of its dialect (a `chat.completion`, a
+    /// `message`, a `response`), or, for a stream that cannot be assembled
+    /// into one, an OpenAI error body (a success in name only: never to be
+    /// sent with a 2xx).
     pub fn plain_body(&self) -> Result<Bytes, Bytes> {
         match self.form {
             Form::Plain => Ok(self.body.clone()),
@@ -365,7 +429,16 @@ impl Answer {
     }
 
     fn assemble(&self) -> Result<Bytes, Bytes> {
-        match crate::sse::assemble(&self.body) {
+        let assembled = match self.dialect {
+            Dialect::Messages => {
+                crate::dialect::messages::assemble(&self.body).map_err(|e| e.to_string())
+            }
+            Dialect::Responses => {
+                crate::dialect::responses::assemble(&self.body).map_err(|e| e.to_string())
+            }
+            _ => crate::sse::assemble(&self.body).map_err(|e| e.to_string()),
+        };
+        match assembled {
             Ok(v) => Ok(Bytes::from(v.to_string())),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot assemble a streamed answer");
@@ -383,8 +456,10 @@ impl Answer {
     }
 
     /// The body as an SSE stream (only meaningful for a success), rendered
-    /// for the asker: with a usage chunk when it asked for one
-    /// (`stream_options.include_usage`) and the usage is known, without one
+    /// for the asker: a stream the provider wrote goes as it came; a plain
+    /// answer is rendered as the stream that would have carried it. A chat
+    /// asker gets a usage chunk when it asked for one
+    /// (`stream_options.include_usage`) and the usage is known, and none
     /// when it did not, whatever the leader's request asked. Each rendering
     /// is made once and shared.
     pub fn stream_body(&self, include_usage: bool) -> Bytes {
@@ -393,15 +468,27 @@ impl Answer {
         } else {
             &self.rendered.stream
         };
-        slot.get_or_init(|| match self.form {
-            Form::Stream if include_usage => self
-                .completion_json()
+        slot.get_or_init(|| match (self.dialect, self.form) {
+            (Dialect::Messages | Dialect::Responses | Dialect::CountTokens, Form::Stream) => {
+                self.body.clone()
+            }
+            (Dialect::Messages, Form::Plain) => self
+                .plain_json()
+                .map(|m| crate::dialect::messages::synthesize(&m))
+                .unwrap_or_else(|| self.body.clone()),
+            (Dialect::Responses, Form::Plain) => self
+                .plain_json()
+                .map(|r| crate::dialect::responses::synthesize(&r))
+                .unwrap_or_else(|| self.body.clone()),
+            (Dialect::CountTokens, Form::Plain) => self.body.clone(),
+            (_, Form::Stream) if include_usage => self
+                .plain_json()
                 .and_then(|c| crate::sse::with_usage(&self.body, &c))
                 .unwrap_or_else(|| self.body.clone()),
-            Form::Stream => {
+            (_, Form::Stream) => {
                 crate::sse::without_usage(&self.body).unwrap_or_else(|| self.body.clone())
             }
-            Form::Plain => match serde_json::from_slice::<serde_json::Value>(&self.body) {
+            (_, Form::Plain) => match serde_json::from_slice::<serde_json::Value>(&self.body) {
                 Ok(v) => crate::sse::synthesize(&v, include_usage),
                 Err(_) => self.body.clone(),
             },
@@ -409,15 +496,28 @@ impl Answer {
         .clone()
     }
 
-    /// The assistant content of the first choice, for contracts and logs.
-    pub fn completion_json(&self) -> Option<serde_json::Value> {
+    /// The answer as one plain document of its dialect, parsed.
+    pub fn plain_json(&self) -> Option<serde_json::Value> {
         match self.form {
             Form::Plain => serde_json::from_slice(&self.body).ok(),
-            Form::Stream => match self.rendered.plain.get() {
-                Some(Ok(plain)) => serde_json::from_slice(plain).ok(),
-                Some(Err(_)) => None,
-                None => crate::sse::assemble(&self.body).ok(),
+            Form::Stream => match self.plain_body() {
+                Ok(plain) => serde_json::from_slice(&plain).ok(),
+                Err(_) => None,
             },
+        }
+    }
+
+    /// The answer's text, for contracts: a chat completion's first choice's
+    /// content, a message's text blocks, a response's output text.
+    pub fn text(&self) -> Option<String> {
+        let plain = self.plain_json()?;
+        match self.dialect {
+            Dialect::Messages => crate::dialect::messages::text(&plain),
+            Dialect::Responses => crate::dialect::responses::text(&plain),
+            _ => plain
+                .pointer("/choices/0/message/content")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string),
         }
     }
 
@@ -439,10 +539,15 @@ impl Answer {
         if !self.is_success() {
             return None;
         }
-        *self
-            .rendered
-            .tokens
-            .get_or_init(|| Tokens::of_usage(self.completion_json()?.get("usage")?))
+        *self.rendered.tokens.get_or_init(|| {
+            let plain = self.plain_json()?;
+            match self.dialect {
+                Dialect::Messages => crate::dialect::messages::tokens(&plain),
+                Dialect::Responses => crate::dialect::responses::tokens(&plain),
+                Dialect::CountTokens => None,
+                _ => Tokens::of_usage(plain.get("usage")?),
+            }
+        })
     }
 }
 
@@ -450,6 +555,9 @@ impl Answer {
 /// JSON metadata, a newline, then the body bytes as they are.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct WireMeta {
+    /// Absent in an older replica's answers: chat.
+    #[serde(default)]
+    dialect: Option<String>,
     status: u16,
     stream: bool,
     retry_after_ms: Option<u64>,
@@ -475,6 +583,7 @@ impl Failure {
             Failure::Contract => "contract",
             Failure::BadAnswer => "bad_answer",
             Failure::TooLarge => "too_large",
+            Failure::Credentials => "credentials",
         }
     }
 
@@ -487,6 +596,7 @@ impl Failure {
             Failure::Contract,
             Failure::BadAnswer,
             Failure::TooLarge,
+            Failure::Credentials,
         ]
         .into_iter()
         .find(|f| f.as_str() == s)
@@ -497,6 +607,7 @@ impl Answer {
     /// The wire form (see [`Answer::from_wire`]).
     pub fn to_wire(&self) -> Vec<u8> {
         let meta = WireMeta {
+            dialect: Some(self.dialect.as_str().to_string()),
             status: self.status.as_u16(),
             stream: self.form == Form::Stream,
             retry_after_ms: self.retry_after.map(ms_u64),
@@ -525,7 +636,12 @@ impl Answer {
             Some(f) => Some(Failure::parse(f)?),
             None => None,
         };
+        let dialect = match &meta.dialect {
+            Some(d) => Dialect::parse(d)?,
+            None => Dialect::Chat,
+        };
         Some(Answer {
+            dialect,
             status: StatusCode::from_u16(meta.status).ok()?,
             form: if meta.stream {
                 Form::Stream
@@ -551,6 +667,7 @@ mod tests {
 
     fn answer(status: u16, failure: Option<Failure>, retry: Option<u64>) -> Answer {
         Answer {
+            dialect: Dialect::Chat,
             status: StatusCode::from_u16(status).unwrap(),
             form: Form::Plain,
             body: Bytes::from_static(b"{}"),
@@ -786,7 +903,7 @@ mod tests {
         // The plain form was assembled once, on the way.
         assert!(ok.rendered.plain.get().is_some());
         assert_eq!(
-            ok.completion_json().unwrap()["choices"][0]["message"]["content"],
+            ok.plain_json().unwrap()["choices"][0]["message"]["content"],
             "hi"
         );
         let without_done = format!(

@@ -93,6 +93,7 @@ impl App {
             max_body_bytes: config.server.max_body_bytes,
             max_json_depth: config.server.max_json_depth,
             max_messages: config.server.max_messages,
+            max_json_values: config.server.max_json_values,
         };
         let jobs = Arc::new(Jobs::new(store.clone()));
         let reqlog = RequestLog::from_config(&config.log)?;
@@ -120,8 +121,9 @@ impl App {
             store,
             jobs,
             limits,
+            intake: crate::http::intake::Intake::new(config.server.max_inflight_body_bytes),
             timeline: crate::timeline::Timeline::new(),
-            kept: crate::http::responses::Kept::new(),
+            kept: crate::conversations::Kept::new(),
         }));
         Ok(App {
             listener,
@@ -203,6 +205,7 @@ impl App {
 
         let addr = listener.local_addr()?;
         tracing::info!(%addr, source = %started.source, "idem listening");
+        say_where_things_are(&started, addr);
         let server_stop = stop.clone();
         let connections = state.metrics.connections.clone();
         let bounds = crate::http::server::Bounds::from_config(&started.server);
@@ -253,6 +256,40 @@ impl App {
     }
 }
 
+/// After the listening line: where the dashboard is (and, without an admin
+/// key, how to get one: the page cannot be opened without), and where the
+/// request log goes, which `idem analyze` reads.
+fn say_where_things_are(config: &Config, addr: SocketAddr) {
+    // A wildcard address is reached on loopback from this machine.
+    let host = match addr.ip() {
+        ip if !ip.is_unspecified() => ip,
+        std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+    };
+    let url = format!("http://{}/ui", SocketAddr::new(host, addr.port()));
+    if config.admin.api_keys.is_empty() {
+        tracing::info!(
+            %url,
+            admin_key = "none configured: set one to sign in, e.g. IDEM_ADMIN__API_KEYS='[\"a-long-random-key\"]', or [admin] api_keys",
+            "dashboard"
+        );
+    } else {
+        tracing::info!(%url, admin_key = "configured: sign in with it", "dashboard");
+    }
+    match config.log.requests.as_str() {
+        "stdout" => tracing::info!(
+            to = "stdout",
+            note = "one line per request among these lines; `idem serve > idem.log`, then `idem analyze idem.log`",
+            "request log"
+        ),
+        "off" => tracing::info!(to = "off", "request log"),
+        file => {
+            let path = std::path::absolute(file).unwrap_or_else(|_| file.into());
+            tracing::info!(to = %path.display(), note = "`idem analyze` reads it", "request log");
+        }
+    }
+}
+
 /// Connects the Redis layer. If Redis is down at start-up the gateway
 /// starts anyway (coalescing locally) and keeps trying in the background.
 async fn connect_shared(
@@ -277,6 +314,7 @@ async fn connect_shared(
     };
     match connect().await {
         Ok(shared) => {
+            shared.evicts_from(coalescer.cache.clone());
             let _ = coalescer.shared.set(shared);
             tracing::info!(backend = %redact(&c.backend), "coalescing across replicas through redis");
         }

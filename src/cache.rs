@@ -220,6 +220,12 @@ impl ResultCache {
         self.answers.shard(&fp).insert(fp, entry);
     }
 
+    /// Forgets the answer of `fp` (a stored response deleted by its owner:
+    /// no later request may be served it).
+    pub fn remove(&self, fp: &Fingerprint) {
+        self.answers.shard(fp).remove(fp);
+    }
+
     /// Removes every entry past its life, from both caches, now.
     pub fn sweep(&self) {
         for i in 0..SHARDS {

@@ -1,8 +1,9 @@
 //! What the `idem` subcommands do, so `main` stays a table of calls:
-//! logging set-up, `serve`, `check`, `certify` and `routes`.
+//! logging set-up, which configuration file a command uses, `serve`,
+//! `check`, `certify` and `routes`, and their output on standard output.
 
-use std::io::{BufWriter, IsTerminal};
-use std::path::Path;
+use std::io::{BufWriter, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -131,6 +132,77 @@ where
     subscriber(filter, writer).with_ansi(ansi).compact()
 }
 
+/// The file a command reads when none is named: `idem init` writes it.
+pub const LOCAL_CONFIG: &str = "idem.toml";
+
+/// The configuration file of a command: the one named (`--config`,
+/// `IDEM_CONFIG`), else `./idem.toml` when it exists, which is then said on
+/// standard error; else none, and the command uses the embedded default.
+pub fn config_file(named: Option<PathBuf>) -> Option<PathBuf> {
+    if named.is_some() {
+        return named;
+    }
+    let local = Path::new(LOCAL_CONFIG);
+    if !local.is_file() {
+        return None;
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "idem: using ./{LOCAL_CONFIG} (found in the current folder; --config FILE names another)"
+    );
+    Some(local.to_path_buf())
+}
+
+/// Writes `text` to standard output. An error is a value: a reader that
+/// stopped reading (`idem config | head`) gives a `BrokenPipe` error, which
+/// `main` ends on quietly ([`is_broken_pipe`]).
+pub fn print(text: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+/// True when `error` comes from writing to a pipe nobody reads any more.
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// `idem hash-key KEY`: the `sha256:` form of the key; `-` reads the key
+/// from standard input (one line; its line ending is not part of it), so
+/// that it stays out of the shell's history and the process list.
+pub fn hash_key(key: &str) -> anyhow::Result<()> {
+    let key = if key == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read the key from standard input")?;
+        key_from_input(&text)?.to_string()
+    } else {
+        key.to_string()
+    };
+    print(&format!("{}\n", crate::tenants::hashed_key(&key)))?;
+    Ok(())
+}
+
+/// The key in what standard input gave: one line, without its line ending.
+fn key_from_input(text: &str) -> anyhow::Result<&str> {
+    let key = text
+        .strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix('\n'))
+        .unwrap_or(text);
+    if key.is_empty() {
+        anyhow::bail!("no key on standard input");
+    }
+    if key.contains(['\n', '\r']) {
+        anyhow::bail!("standard input holds more than one line: give one key");
+    }
+    Ok(key)
+}
+
 /// `idem serve`.
 pub async fn serve(path: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(path)?;
@@ -153,20 +225,29 @@ pub async fn serve(path: Option<&Path>) -> anyhow::Result<()> {
 pub fn check(config: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     crate::contracts::load_all(&config)?;
-    println!("{}: ok", config.source);
+    let mut out = format!("{}: ok\n", config.source);
     for route in &config.routes {
         let targets: Vec<String> = route
             .targets
             .iter()
             .map(|t| format!("{}/{}", t.provider, t.model))
             .collect();
-        println!("  route {:<24} -> {}", route.model, targets.join(", "));
+        out.push_str(&format!(
+            "  route {:<24} -> {}\n",
+            route.model,
+            targets.join(", ")
+        ));
     }
+    print(&out)?;
+    let mut err = std::io::stderr().lock();
     for problem in crate::providers::key_problems(&config) {
-        eprintln!("warning: {problem}: `idem serve` would not start in this environment");
+        let _ = writeln!(
+            err,
+            "warning: {problem}: `idem serve` would not start in this environment"
+        );
     }
     for warning in config.warnings() {
-        eprintln!("warning: {warning}");
+        let _ = writeln!(err, "warning: {warning}");
     }
     Ok(())
 }
@@ -209,12 +290,12 @@ pub fn init(path: &Path, force: bool) -> anyhow::Result<()> {
     }
     file.write_all(text.as_bytes())?;
     let p = path.display();
-    println!("wrote {p}: routes `chat` (OpenAI, then Anthropic) and `embeddings`");
-    println!("  tenant `default`, API key {key}");
-    println!("next:");
-    println!("  export OPENAI_API_KEY=... ANTHROPIC_API_KEY=...");
-    println!("  idem check --config {p}");
-    println!("  idem serve --config {p}");
+    print(&format!(
+        "wrote {p}: routes `chat` (OpenAI, then Anthropic) and `embeddings`\n  \
+         tenant `default`, API key {key}\n\
+         next:\n  export OPENAI_API_KEY=... ANTHROPIC_API_KEY=...\n  \
+         idem check --config {p}\n  idem serve --config {p}\n"
+    ))?;
     Ok(())
 }
 
@@ -223,10 +304,10 @@ pub fn init(path: &Path, force: bool) -> anyhow::Result<()> {
 pub fn print_config(config: Option<&Path>) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     let text = toml::to_string(&config.redacted())?;
-    println!(
-        "# the effective configuration of {}: defaults, the file and IDEM_* variables merged; secrets redacted\n{text}",
+    print(&format!(
+        "# the effective configuration of {}: defaults, the file and IDEM_* variables merged; secrets redacted\n{text}\n",
         config.source
-    );
+    ))?;
     Ok(())
 }
 
@@ -241,9 +322,8 @@ pub async fn certify(
     let (store, routes) = offline(&config).await?;
     let reports =
         crate::certification::certify::certify(&*store, &config, &routes, route, target).await?;
-    for r in &reports {
-        print!("{}", r.render_text());
-    }
+    let text: String = reports.iter().map(|r| r.render_text()).collect();
+    print(&text)?;
     let failed: Vec<String> = reports
         .iter()
         .filter(|r| !r.passed)
@@ -266,9 +346,11 @@ pub async fn routes(config: Option<&Path>) -> anyhow::Result<()> {
     }
     let (store, routes) = offline(&config).await?;
     crate::certification::registry::refresh(&*store, &routes).await?;
-    for r in crate::http::admin::routes_view(&routes, false) {
-        print!("{}", routes_text(&r));
-    }
+    let text: String = crate::http::admin::routes_view(&routes, false)
+        .iter()
+        .map(routes_text)
+        .collect();
+    print(&text)?;
     Ok(())
 }
 

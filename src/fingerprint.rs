@@ -22,8 +22,7 @@ use std::str::FromStr;
 use serde_json::{Map, Number, Value};
 
 use crate::config::{Normalize, ProviderKind, Scope, TargetConfig};
-use crate::shapes::messages::ORIGINAL as MESSAGES_ORIGINAL;
-use crate::shapes::responses::ORIGINAL as RESPONSES_ORIGINAL;
+use crate::dialect::{Dialect, Forwarded};
 
 /// Version of the fingerprint rules; part of both the hashed document and the
 /// printed form.
@@ -31,25 +30,22 @@ pub const VERSION: u32 = 1;
 
 const PREFIX: &str = "v1:";
 
-/// Top-level fields that never join the fingerprint. `model` is not noise in
+/// Top-level fields of a chat request that never join the fingerprint (the
+/// noise of every dialect: [`Dialect::noise`]). `model` is not noise in
 /// itself, it is replaced by the route and its targets, which say what will
 /// really answer. Everything not listed here (or in the route's
 /// `ignore_fields`) joins: a field idem does not know may change the answer.
-pub const NOISE_FIELDS: &[&str] = &[
-    "model",
-    "stream",
-    "stream_options",
-    "request_id",
-    "trace_id",
-    "traceparent",
-    "x_request_id",
-    "timestamp",
-    "nonce",
-];
+pub fn noise_fields() -> &'static [&'static str] {
+    Dialect::Chat.noise()
+}
 
-/// Fields that name the end user. Noise with `scope = "tenant"`; with
-/// `scope = "user"` the first one present is the user (see [`fingerprint`]).
+/// Fields of a chat request that name the end user. Noise with
+/// `scope = "tenant"`; with `scope = "user"` the first one present is the
+/// user (see [`fingerprint`]).
 pub const USER_FIELDS: &[&str] = &["user", "safety_identifier"];
+
+/// No forwarded header.
+pub static NO_HEADERS: Forwarded = Forwarded::none();
 
 /// What a route contributes to the fingerprint besides the request body.
 #[derive(Debug, Clone, Copy)]
@@ -73,12 +69,14 @@ pub struct Rules<'a> {
     /// The hash of the route's contract, if it has one: answers checked
     /// against another contract are another task.
     pub contract: Option<&'a str>,
-    /// The face the request came in by, when it is not chat completions,
-    /// with what that face adds to the task (`{"face": "messages"}`, a
-    /// Responses request's `previous_response_id`): the same question asked
-    /// through another API shape wants another answer shape, so it is
-    /// another task (docs/design.md, "What counts as the same task").
-    pub face: Option<&'a Value>,
+    /// The request's dialect: the same question asked in another API's
+    /// words wants another answer shape, so it is another task
+    /// (docs/design.md, "What counts as the same task"). Chat completions
+    /// adds nothing, so their fingerprints are what they were before
+    /// dialects joined.
+    pub dialect: Dialect,
+    /// The client's headers that change the answer (`anthropic-beta`, ...).
+    pub headers: &'a Forwarded,
 }
 
 /// The hasher of the in-memory tables keyed by fingerprint (the result
@@ -178,22 +176,6 @@ pub fn fingerprint(
     // `Result` only exists because the writer is generic.
     debug_assert!(written.is_ok(), "hashing cannot fail: {written:?}");
     Fingerprint(*hasher.finalize().as_bytes())
-}
-
-/// A face's own form of a request (kept beside its chat translation for
-/// targets that speak it) without its text: the translation's `messages`
-/// carry that text, normalized as the route says, so the form adds to the
-/// task only what the translation leaves out (a field idem does not know,
-/// a tool's extras), and two requests that normalize alike stay one task.
-fn without_text(value: &Value) -> Cow<'_, Value> {
-    let Value::Object(form) = value else {
-        return Cow::Borrowed(value);
-    };
-    let mut rest = form.clone();
-    for text in ["messages", "system", "input", "instructions"] {
-        rest.remove(text);
-    }
-    Cow::Owned(Value::Object(rest))
 }
 
 /// Writes the canonical JSON of a value: object keys sorted by their UTF-8
@@ -340,23 +322,26 @@ fn write_document<W: Write>(
     user_header: Option<&str>,
     rules: &Rules,
 ) -> io::Result<()> {
+    let user_fields = rules.dialect.user_fields();
     let user = match rules.scope {
         Scope::Tenant => User::None,
-        Scope::User => USER_FIELDS
+        Scope::User => user_fields
             .iter()
             .find_map(|&name| body.get(name).map(|v| User::Field(name, v)))
             .or_else(|| user_header.map(User::Header))
             .unwrap_or(User::None),
     };
+    let noise = rules.dialect.noise();
     let skip = |key: &str| {
-        NOISE_FIELDS.contains(&key)
+        noise.contains(&key)
             || rules.ignore_fields.iter().any(|f| f == key)
             || match (&rules.scope, &user) {
-                (Scope::Tenant, _) => USER_FIELDS.contains(&key),
+                (Scope::Tenant, _) => user_fields.contains(&key),
                 (Scope::User, User::Field(promoted, _)) => key == *promoted,
                 (Scope::User, _) => false,
             }
     };
+    let texts = rules.dialect.text_fields();
 
     // The document's own keys are written in sorted order, so the whole
     // document is canonical JSON: every field is delimited and named, which
@@ -367,16 +352,29 @@ fn write_document<W: Write>(
         write_str(contract, out)?;
         out.write_all(b",")?;
     }
-    if let Some(face) = rules.face {
+    if rules.dialect != Dialect::Chat {
         out.write_all(b"\"face\":")?;
-        write_canonical(face, out)?;
+        write_str(rules.dialect.as_str(), out)?;
+        out.write_all(b",")?;
+    }
+    if !rules.headers.is_empty() {
+        out.write_all(b"\"headers\":")?;
+        write_canonical(&Value::Object(rules.headers.to_json()), out)?;
         out.write_all(b",")?;
     }
     out.write_all(b"\"request\":")?;
-    write_object(out, body, skip, |out, key, value| match key {
-        "messages" => write_messages(out, value, rules.normalize),
-        MESSAGES_ORIGINAL | RESPONSES_ORIGINAL => write_canonical(&without_text(value), out),
-        _ => write_canonical(value, out),
+    write_object(out, body, skip, |out, key, value| {
+        if !texts.contains(&key) {
+            return write_canonical(value, out);
+        }
+        match value {
+            // `system`, `instructions`, a Responses `input` given as text.
+            Value::String(text) => write_str(&normalize_text(text, rules.normalize), out),
+            // `system` as blocks.
+            Value::Array(parts) if key == "system" => write_parts(out, parts, rules.normalize),
+            // `messages`, a Responses `input` as items.
+            _ => write_messages(out, value, rules.normalize),
+        }
     })?;
     out.write_all(b",\"route\":")?;
     write_str(rules.route, out)?;
@@ -460,7 +458,10 @@ fn write_parts<W: Write>(out: &mut W, parts: &[Value], mode: Normalize) -> io::R
             write_canonical(part, out)?;
             continue;
         };
-        let is_text = part.get("type").and_then(Value::as_str) == Some("text");
+        let is_text = matches!(
+            part.get("type").and_then(Value::as_str),
+            Some("text" | "input_text" | "output_text")
+        );
         write_object(
             out,
             part,
@@ -470,6 +471,18 @@ fn write_parts<W: Write>(out: &mut W, parts: &[Value], mode: Normalize) -> io::R
                     write_str(&normalize_text(text, mode), out)
                 }
                 ("image_url", Value::String(url)) => write_image_url(out, url),
+                // A Responses file part's inline data.
+                ("file_data", Value::String(data)) => write_inline(out, "", data),
+                // An Anthropic image or document given inline.
+                ("source", Value::Object(source)) => write_object(
+                    out,
+                    source,
+                    |_| false,
+                    |out, key, value| match (key, value) {
+                        ("data", Value::String(data)) => write_inline(out, "", data),
+                        _ => write_canonical(value, out),
+                    },
+                ),
                 ("image_url", Value::Object(image)) => write_object(
                     out,
                     image,
@@ -680,7 +693,8 @@ mod tests {
             scope: Scope::Tenant,
             ignore_fields: ignore,
             contract: None,
-            face: None,
+            dialect: Dialect::Chat,
+            headers: &NO_HEADERS,
         }
     }
 
@@ -752,65 +766,100 @@ mod tests {
     }
 
     #[test]
-    fn the_face_changes_the_task_and_chat_has_none() {
+    fn the_dialect_and_the_answer_headers_change_the_task_and_chat_has_none() {
         let t = targets();
         let body = obj(json!({"model": "x", "messages": [{"role": "user", "content": "hi"}]}));
         let mut r = rules(&t, &[]);
         let chat = fingerprint(&body, None, &r);
-        // Chat completions add nothing: fingerprints from before faces hold.
+        // Chat completions add nothing: fingerprints from before dialects
+        // hold.
         let doc = String::from_utf8(canonical_doc(&body, &r)).unwrap();
         assert!(doc.starts_with("{\"request\":"), "{doc}");
-        let messages = json!({"face": "messages"});
-        r.face = Some(&messages);
+        r.dialect = Dialect::Messages;
         let a = fingerprint(&body, None, &r);
-        let responses = json!({"face": "responses"});
-        r.face = Some(&responses);
+        r.dialect = Dialect::Responses;
         let b = fingerprint(&body, None, &r);
-        let continued = json!({"face": "responses", "previous_response_id": "resp_1"});
-        r.face = Some(&continued);
+        r.dialect = Dialect::CountTokens;
         let c = fingerprint(&body, None, &r);
         assert_ne!(chat, a);
         assert_ne!(a, b);
         assert_ne!(b, c);
+        // `anthropic-beta` changes what Anthropic answers.
+        r.dialect = Dialect::Messages;
+        let beta = Forwarded::read(Dialect::Messages, |n| match n {
+            "anthropic-beta" => vec!["context-management-2025-06-27"],
+            _ => vec![],
+        });
+        r.headers = &beta;
+        assert_ne!(a, fingerprint(&body, None, &r));
     }
 
+    /// A Messages request and a Responses request normalize their text as
+    /// the route says (their system prompt and instructions too), hash
+    /// their inline data, and count every other field.
     #[test]
-    fn a_faces_own_form_counts_without_its_text() {
+    fn each_dialects_text_normalizes_and_the_rest_counts() {
         let t = targets();
-        let r = Rules {
+        let mut r = Rules {
             normalize: Normalize::Casefold,
+            dialect: Dialect::Messages,
             ..rules(&t, &[])
         };
-        let with = |text: &str, extra: Value| {
-            let mut form =
-                json!({"max_tokens": 9, "messages": [{"role": "user", "content": text}]});
-            form.as_object_mut()
+        let message = |text: &str, extra: Value| {
+            let mut m = json!({"model": "x", "max_tokens": 9, "system": [{"type": "text", "text": text}],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": text},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"}}]}]});
+            m.as_object_mut()
                 .unwrap()
                 .extend(extra.as_object().unwrap().clone());
-            obj(
-                json!({"model": "x", "messages": [{"role": "user", "content": text}],
-                MESSAGES_ORIGINAL: form}),
-            )
+            obj(m)
         };
-        // Text that normalizes alike is one task, on this face too.
-        let a = fingerprint(&with("Hello", json!({})), None, &r);
-        assert_eq!(a, fingerprint(&with("hello", json!({})), None, &r));
-        // What only the form says counts.
+        let a = fingerprint(&message("Hello", json!({})), None, &r);
+        assert_eq!(a, fingerprint(&message("hello", json!({})), None, &r));
         assert_ne!(
             a,
-            fingerprint(&with("hello", json!({"top_k": 5})), None, &r)
+            fingerprint(&message("hello", json!({"top_k": 5})), None, &r)
         );
-        let responses = obj(
-            json!({"model": "x", "messages": [{"role": "user", "content": "Hello"}],
-            RESPONSES_ORIGINAL: {"input": "Hello", "prompt_cache_key": "k"}}),
+        assert_ne!(
+            a,
+            fingerprint(
+                &message("hello", json!({"thinking": {"type": "adaptive"}})),
+                None,
+                &r
+            )
         );
-        let other = obj(
-            json!({"model": "x", "messages": [{"role": "user", "content": "hello"}],
-            RESPONSES_ORIGINAL: {"input": "hello", "prompt_cache_key": "k"}}),
-        );
+        // The user's `metadata` is noise on a tenant-scoped route.
         assert_eq!(
-            fingerprint(&responses, None, &r),
-            fingerprint(&other, None, &r)
+            a,
+            fingerprint(
+                &message(
+                    "hello",
+                    json!({"metadata": {"user_id": "u1"}, "stream": true})
+                ),
+                None,
+                &r
+            )
+        );
+        // Inline image data joins by its hash.
+        let doc = String::from_utf8(canonical_doc(&message("hi", json!({})), &r)).unwrap();
+        assert!(doc.contains("blake3:"), "{doc}");
+        assert!(!doc.contains("QUJD"), "{doc}");
+        r.dialect = Dialect::Responses;
+        let response = |text: &str| {
+            obj(json!({"model": "x", "instructions": text, "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": text}]},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{\"A\": 1}"}],
+                "prompt_cache_key": "k"}))
+        };
+        assert_eq!(
+            fingerprint(&response("Hello"), None, &r),
+            fingerprint(&response("hello"), None, &r)
+        );
+        let plain = obj(json!({"model": "x", "input": "Hello"}));
+        let folded = obj(json!({"model": "x", "input": "hello"}));
+        assert_eq!(
+            fingerprint(&plain, None, &r),
+            fingerprint(&folded, None, &r)
         );
     }
 
@@ -1253,14 +1302,14 @@ mod tests {
         #[test]
         fn noise_never_matters(
             body in arb_body(),
-            noise in prop::collection::vec((0..NOISE_FIELDS.len() + USER_FIELDS.len() + 1, arb_json()), 1..5),
+            noise in prop::collection::vec((0..noise_fields().len() + USER_FIELDS.len() + 1, arb_json()), 1..5),
         ) {
             let t = targets();
             let ignore = vec!["metadata".to_string()];
             let r = rules(&t, &ignore);
             let mut noisy = body.clone();
             for (which, value) in noise {
-                let key = NOISE_FIELDS.iter().chain(USER_FIELDS).nth(which).copied().unwrap_or("metadata");
+                let key = noise_fields().iter().chain(USER_FIELDS).nth(which).copied().unwrap_or("metadata");
                 noisy.insert(key.into(), value);
             }
             prop_assert_eq!(fingerprint(&body, None, &r), fingerprint(&noisy, None, &r));

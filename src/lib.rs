@@ -5,15 +5,18 @@
 //! The modules follow a request (docs/design.md, "The request path"):
 //!
 //! - [`http`]: the router, authentication ([`tenants`]), validation, and the
-//!   faces (`openai`: the chat path, whose Messages and Responses faces
+//!   faces (`openai`: the conversation path of every dialect, which
 //!   `faces` renders, and models; `embeddings`; `responses`: stored
 //!   responses; `jobs`; `ops`), which turn a request into the core's task
 //!   and the core's answer (or error) into an HTTP answer, in one place
 //!   each;
-//! - [`endpoints`]: each API shape as the core sees it: what its upstream
-//!   call sends and how the answer is read (chat, embeddings); [`shapes`]:
-//!   the API shapes that are faces of the chat path (Anthropic's Messages
-//!   API, OpenAI's Responses API) and their translation to and from chat;
+//! - [`dialect`]: the API dialects a request and its answer keep from face
+//!   to target (chat completions, Anthropic's Messages API, OpenAI's
+//!   Responses API, embeddings): what a whole answer of each is, its plain
+//!   and streamed forms; [`endpoints`]: each dialect's upstream call as the
+//!   core sees it; [`translate`]: translation between two dialects, only
+//!   where a target speaks another than its request's; [`conversations`]:
+//!   stored responses and the conversations they continue;
 //! - [`routes`]: public model names mapped to their ordered targets;
 //! - [`fingerprint`]: what counts as the same task;
 //! - [`task`]: the core: a task in, a delivery out, one function per stage
@@ -53,7 +56,9 @@ pub mod certification;
 pub mod cli;
 pub mod config;
 pub mod contracts;
+pub mod conversations;
 pub mod demo;
+pub mod dialect;
 pub mod endpoints;
 pub mod fingerprint;
 pub mod flight;
@@ -68,13 +73,19 @@ pub mod prices;
 pub mod providers;
 pub mod reqlog;
 pub mod routes;
-pub mod shapes;
 pub mod sse;
 pub mod store;
 pub mod task;
 pub mod telemetry;
 pub mod tenants;
 pub mod timeline;
+pub mod translate;
+
+/// PostgreSQL and Redis for the unit tests, found or started once per test
+/// process; shared with the integration and chaos tests.
+#[cfg(test)]
+#[path = "../tests/support/services.rs"]
+pub(crate) mod test_services;
 
 #[cfg(test)]
 mod layout {
@@ -89,6 +100,8 @@ mod layout {
         "certification",
         "config",
         "contracts",
+        "conversations",
+        "dialect",
         "endpoints",
         "fingerprint",
         "flight",
@@ -101,12 +114,12 @@ mod layout {
         "providers",
         "reqlog",
         "routes",
-        "shapes",
         "sse",
         "store",
         "task",
         "telemetry",
         "tenants",
+        "translate",
     ];
 
     fn sources(path: &Path, out: &mut Vec<std::path::PathBuf>) {

@@ -61,7 +61,7 @@ impl Live {
     }
 
     pub fn route(&self, model: &str) -> Option<Arc<Route>> {
-        self.routes.get(model).cloned()
+        self.routes.get(model)
     }
 }
 

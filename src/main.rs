@@ -25,7 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the gateway (without --config: the embedded default).
+    /// Run the gateway (without --config: ./idem.toml if it exists, else
+    /// the embedded default).
     Serve {
         #[arg(long, env = "IDEM_CONFIG")]
         config: Option<PathBuf>,
@@ -36,7 +37,11 @@ enum Command {
     /// A fake OpenAI-compatible provider for demos, tests and benchmarks.
     MockUpstream(idem::mock_upstream::MockArgs),
     /// Print the sha256: form of an API key for the config file.
-    HashKey { key: String },
+    HashKey {
+        /// The key; `-` reads it from standard input (one line), which keeps
+        /// it out of the shell's history and the process list.
+        key: String,
+    },
     /// Duplicates, saved calls, and a TTL and wait window, from a request log.
     Analyze(idem::analyze::AnalyzeArgs),
     /// Write a commented starter configuration (with a fresh tenant key).
@@ -79,6 +84,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -91,34 +97,61 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
+        use idem::cli::config_file;
         match cli.command {
-            Command::Serve { config } => idem::cli::serve(config.as_deref()).await,
+            Command::Serve { config } => idem::cli::serve(config_file(config).as_deref()).await,
             Command::Demo(args) => idem::demo::run(args).await,
             Command::MockUpstream(args) => {
                 let _log = idem::cli::init_logging("text");
                 idem::mock_upstream::run(args).await
             }
-            Command::HashKey { key } => {
-                println!("{}", idem::tenants::hashed_key(&key));
-                Ok(())
-            }
+            Command::HashKey { key } => idem::cli::hash_key(&key),
             Command::Init { file, force } => idem::cli::init(&file, force),
-            Command::Config { config } => idem::cli::print_config(config.as_deref()),
-            Command::Check { config } => idem::cli::check(config.as_deref()),
+            Command::Config { config } => idem::cli::print_config(config_file(config).as_deref()),
+            Command::Check { config } => idem::cli::check(config_file(config).as_deref()),
             Command::Certify {
                 route,
                 target,
                 config,
-            } => idem::cli::certify(config.as_deref(), &route, target.as_deref()).await,
-            Command::Routes { config } => idem::cli::routes(config.as_deref()).await,
+            } => {
+                let config = config_file(config);
+                idem::cli::certify(config.as_deref(), &route, target.as_deref()).await
+            }
+            Command::Routes { config } => idem::cli::routes(config_file(config).as_deref()).await,
             Command::Analyze(args) => idem::analyze::run(args).map_err(Into::into),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`idem config | head`): nothing to say.
+        Err(e) if idem::cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("idem: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Standard output closed by its reader (`idem analyze log | head`) ends the
+/// process quietly, as it would a C program's: Rust ignores SIGPIPE, so a
+/// `println!` there panics. The subcommands of `cli` write with
+/// `idem::cli::print` and return the error as a value; this hook covers
+/// the others' `println!`, whose panic message names the failed write.
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        // "failed printing to stdout: Broken pipe (os error 32)"
+        if message.starts_with("failed printing to stdout")
+            && message.to_ascii_lowercase().contains("broken pipe")
+        {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }

@@ -29,6 +29,14 @@
 //! Any other `<!-- check: ... -->`, or one that is not followed by a
 //! ```toml fence, fails the test, so that a typo cannot skip a block.
 //!
+//! And the table of docs/http-api.md, "What becomes of each field", cannot
+//! cite a test that is gone: every row of its tables (those whose last
+//! column is `test`) cites at least one, as `module::path::test_name`
+//! (a path under `src/`, or `tests/` for a test target) with an optional
+//! `#case` label, or `#case` alone for another case of the test cited
+//! before it in the cell; the file of the path must hold `fn test_name`,
+//! its inline modules (`mod tests`) and the label as a string literal.
+//!
 //! This is a test target of its own, not a unit test in `src/config`: it
 //! reads files outside `src/`, needs no database or Redis, and uses only
 //! the public entry points `idem check` uses.
@@ -324,5 +332,175 @@ fn a_broken_block_of_each_kind_fails() {
     ];
     for b in &good {
         assert_eq!(check(b), Ok(()), "{:?}", b.text);
+    }
+}
+
+/// The section of docs/http-api.md whose tables cite their tests.
+const FIELD_TABLE: &str = "### What becomes of each field";
+
+/// The cells of a markdown table row (`| a | b |`).
+fn cells(row: &str) -> Vec<&str> {
+    let inner = row.trim().trim_start_matches('|').trim_end_matches('|');
+    inner.split('|').map(str::trim).collect()
+}
+
+/// The code spans of a cell.
+fn code_spans(cell: &str) -> Vec<&str> {
+    cell.split('`').skip(1).step_by(2).collect()
+}
+
+/// The source file a module path names (`translate::table_tests`:
+/// src/translate/table_tests.rs; an integration test's first segment:
+/// tests/NAME.rs), and the segments that are modules inside it.
+fn module_file(root: &Path, modules: &[&str]) -> Option<(PathBuf, usize)> {
+    for i in (1..=modules.len()).rev() {
+        let dir = modules[..i].join("/");
+        for file in [format!("src/{dir}.rs"), format!("src/{dir}/mod.rs")] {
+            if root.join(&file).is_file() {
+                return Some((root.join(file), i));
+            }
+        }
+    }
+    let test = root.join(format!("tests/{}.rs", modules.first()?));
+    test.is_file().then_some((test, 1))
+}
+
+/// Whether the test `path` (`a::b::name`) and its case `label` exist in
+/// the sources under `root`; the problem otherwise.
+fn cited(root: &Path, path: &str, label: Option<&str>) -> Result<(), String> {
+    let segments: Vec<&str> = path.split("::").collect();
+    let Some((name, modules)) = segments.split_last() else {
+        return Err(format!("`{path}` is no test path"));
+    };
+    let Some((file, used)) = module_file(root, modules) else {
+        return Err(format!("`{path}`: no source file for its module"));
+    };
+    let text = std::fs::read_to_string(&file).unwrap();
+    let file = file.strip_prefix(root).unwrap_or(&file).display();
+    for inner in &modules[used..] {
+        if !text.contains(&format!("mod {inner} ")) && !text.contains(&format!("mod {inner};")) {
+            return Err(format!("`{path}`: no `mod {inner}` in {file}"));
+        }
+    }
+    if !text.contains(&format!("fn {name}(")) {
+        return Err(format!("`{path}`: no `fn {name}` in {file}"));
+    }
+    if let Some(label) = label
+        && !text.contains(&format!("\"{label}\""))
+    {
+        return Err(format!("`{path}#{label}`: no case \"{label}\" in {file}"));
+    }
+    Ok(())
+}
+
+/// The citations of the field table in `markdown` (its section, up to the
+/// next `## ` heading) checked against the sources under `root`: how many
+/// there are, and the problems.
+fn field_table_problems(root: &Path, markdown: &str) -> (usize, Vec<String>) {
+    let mut problems = Vec::new();
+    let Some(start) = markdown.find(FIELD_TABLE) else {
+        return (0, vec![format!("no section {FIELD_TABLE:?}")]);
+    };
+    let section = &markdown[start..];
+    let section = match section[1..].find("\n## ") {
+        Some(end) => &section[..=end],
+        None => section,
+    };
+    let mut citations = 0;
+    let mut cites_tests = false;
+    let mut previous_was_row = false;
+    for line in section.lines() {
+        let is_row = line.trim_start().starts_with('|');
+        if !is_row {
+            previous_was_row = false;
+            continue;
+        }
+        let row = cells(line);
+        if !previous_was_row {
+            // A table's header.
+            cites_tests = row.last() == Some(&"test");
+            previous_was_row = true;
+            continue;
+        }
+        if row
+            .iter()
+            .all(|c| c.chars().all(|ch| matches!(ch, '-' | ':')))
+            || !cites_tests
+        {
+            continue;
+        }
+        let cell = row.last().copied().unwrap_or_default();
+        let mut current: Option<&str> = None;
+        let mut here = 0;
+        for span in code_spans(cell) {
+            let (path, label) = match span.split_once('#') {
+                Some(("", label)) => match current {
+                    Some(path) => (path, Some(label)),
+                    None => {
+                        problems.push(format!("`{span}` follows no test path: {line}"));
+                        continue;
+                    }
+                },
+                Some((path, label)) => (path, Some(label)),
+                None => (span, None),
+            };
+            if !path.contains("::") {
+                problems.push(format!("`{span}` is no test path: {line}"));
+                continue;
+            }
+            current = Some(path);
+            here += 1;
+            if let Err(e) = cited(root, path, label) {
+                problems.push(e);
+            }
+        }
+        if here == 0 {
+            problems.push(format!("a row cites no test: {line}"));
+        }
+        citations += here;
+    }
+    (citations, problems)
+}
+
+#[test]
+fn every_test_the_field_table_cites_exists() {
+    let markdown = std::fs::read_to_string(root().join("docs/http-api.md")).unwrap();
+    let (citations, problems) = field_table_problems(&root(), &markdown);
+    assert!(
+        problems.is_empty(),
+        "docs/http-api.md, {FIELD_TABLE:?}:\n{}",
+        problems.join("\n")
+    );
+    assert!(citations > 100, "only {citations} citations found");
+}
+
+#[test]
+fn a_vanished_test_or_case_in_the_field_table_is_an_error() {
+    let md = format!(
+        "{FIELD_TABLE}\n\n| field | gets | test |\n|---|---|---|\n\
+         | a | x | `translate::table_tests::chat_to_anthropic#model`, `#system` |\n\
+         | b | x | `translate::table_tests::no_such_test` |\n\
+         | c | x | `translate::table_tests::chat_to_anthropic#no-such-case` |\n\
+         | d | x | none |\n\
+         | e | x | `#model` |\n\
+         | f | x | `translate::nowhere::tests::t` |\n\n\
+         | kind | speaks |\n|---|---|\n| `openai` | chat |\n\n## Next\n\n\
+         | field | gets | test |\n|---|---|---|\n| g | x | nothing checked here |\n"
+    );
+    let (citations, problems) = field_table_problems(&root(), &md);
+    // Rows a, b, c and f cite (a twice); the table without a test
+    // column and the one past the section are not read.
+    assert_eq!(citations, 5, "{problems:?}");
+    let wanted = [
+        "no `fn no_such_test`",
+        "no case \"no-such-case\"",
+        "a row cites no test: | d",
+        "`#model` follows no test path",
+        "a row cites no test: | e",
+        "no `mod nowhere`",
+    ];
+    assert_eq!(problems.len(), wanted.len(), "{problems:#?}");
+    for (problem, wanted) in problems.iter().zip(wanted) {
+        assert!(problem.contains(wanted), "{problem:?} is not {wanted:?}");
     }
 }

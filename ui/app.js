@@ -114,8 +114,9 @@
       throw new FetchError(e.message);
     }
     if (resp.status === 401 || resp.status === 403) {
+      const none = noAdminKey ? ': this gateway has no admin key, see above' : '';
       throw new AuthError(resp.status === 401 ? 'the key was not accepted (401)'
-        : 'this is not an admin key (403)');
+        : 'this is not an admin key (403)' + none);
     }
     if (resp.status === 404) return null;
     if (!resp.ok) throw new FetchError(path + ': HTTP ' + resp.status);
@@ -776,10 +777,24 @@
 
   // ----------------------------------------------------------------- start
 
+  // Whether the gateway has an admin key at all: without one, the card says
+  // how to set one (every key would be refused).
+  let noAdminKey = false;
+  async function checkSetup() {
+    try {
+      const resp = await fetch('/ui/sign-in', { cache: 'no-store', credentials: 'omit' });
+      if (resp.ok) noAdminKey = (await resp.json()).admin_key_configured === false;
+    } catch (e) {
+      // Unreachable: signing in says so.
+    }
+    $('no-admin-key').hidden = !noAdminKey;
+  }
+
   async function signIn(ev) {
     ev.preventDefault();
     const value = $('admin-key').value.trim();
     if (!value) return;
+    await checkSetup();
     sessionStorage.setItem(KEY, value);
     $('admin-key').value = '';
     try {
@@ -798,6 +813,7 @@
     window.addEventListener('hashchange', () => { if (key()) start(); });
     if (key()) start();
     else signedOut('');
+    checkSetup();
   }
 
   boot();

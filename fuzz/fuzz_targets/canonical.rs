@@ -46,7 +46,8 @@ fn check_fingerprints(original: &Value, reparsed: &Value) {
                 ignore_fields: &[],
                 kinds: &[],
                 contract: None,
-                face: None,
+                dialect: idem::dialect::Dialect::Chat,
+                headers: &idem::dialect::Forwarded::default(),
             };
             assert_eq!(
                 fingerprint(a, None, &rules),

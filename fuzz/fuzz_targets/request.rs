@@ -22,6 +22,7 @@ const LIMITS: Limits = Limits {
     max_body_bytes: 1 << 20,
     max_json_depth: 16,
     max_messages: 64,
+    max_json_values: 100_000,
 };
 
 fn is_bad_request(e: &ApiError) -> bool {
@@ -47,14 +48,15 @@ fn fp_of(body: &Map<String, Value>) -> idem::fingerprint::Fingerprint {
         ignore_fields: &[],
         kinds: &[],
         contract: None,
-        face: None,
+        dialect: idem::dialect::Dialect::Chat,
+        headers: &idem::dialect::Forwarded::default(),
     };
     fingerprint(body, Some("someone"), &rules)
 }
 
 fuzz_target!(|data: &[u8]| {
     // As a chat completion body.
-    match parse_object(data, LIMITS.max_json_depth) {
+    match parse_object(data, &LIMITS) {
         Ok(map) => {
             assert!(!exceeds_depth(data, LIMITS.max_json_depth));
             let alone = chat_request(map.clone(), &LIMITS);
@@ -84,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => assert!(is_bad_request(&e), "{e:?}"),
     }
     // As a jobs body: its shape first, then the request inside.
-    if let Ok(outer) = parse_object(data, LIMITS.max_json_depth) {
+    if let Ok(outer) = parse_object(data, &LIMITS) {
         match job_body(outer) {
             Ok((request, _)) => {
                 if let Err(e) = chat_request(request, &LIMITS) {

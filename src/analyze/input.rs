@@ -560,7 +560,8 @@ impl Collector {
                 // One route's requests share its contract: grouping is the
                 // same with or without it.
                 contract: None,
-                face: None,
+                dialect: crate::dialect::Dialect::Chat,
+                headers: &crate::fingerprint::NO_HEADERS,
             },
             None => Rules {
                 tenant: &self.raw.tenant,
@@ -571,7 +572,8 @@ impl Collector {
                 scope: Scope::Tenant,
                 ignore_fields: &[],
                 contract: None,
-                face: None,
+                dialect: crate::dialect::Dialect::Chat,
+                headers: &crate::fingerprint::NO_HEADERS,
             },
         };
         fingerprint::fingerprint(body, None, &rules)

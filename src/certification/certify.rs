@@ -18,6 +18,7 @@ use serde_json::{Map, Value, json};
 use crate::config::Config;
 use crate::contracts::tokens::ModelLimits;
 use crate::contracts::{Case, Contract, Violation};
+use crate::dialect::Dialect;
 use crate::providers::CallError;
 use crate::routes::{Route, Routes, Target};
 use crate::store::{Certification, Store, StoreError, now_ms};
@@ -162,8 +163,8 @@ pub async fn certify(
         .clone()
         .ok_or_else(|| CertifyError::NoContract(route_name.to_string()))?;
     let mut reports = Vec::new();
-    for t in select(route, target)? {
-        let report = certify_target(config, route, &contract, t).await;
+    for t in select(&route, target)? {
+        let report = certify_target(config, &route, &contract, t).await;
         record(store, &report).await?;
         tracing::info!(
             route = %route.name,
@@ -281,12 +282,7 @@ async fn certify_case(
         Some(n) => Some(n),
         // No tokenizer here: the provider's own count, where its API has one.
         None if limits.tokenizer.as_deref() == Some(PROVIDER_COUNT) => {
-            let body = json!({"model": target.model.as_ref(), "messages": case.messages});
-            match target
-                .provider
-                .count_tokens(&target.model, Bytes::from(body.to_string()))
-                .await
-            {
+            match provider_count(target, &case.messages).await {
                 Some(Ok(n)) => Some(n),
                 Some(Err(e)) => {
                     tracing::warn!(provider = %target.provider.name, error = %e, "cannot count a case's tokens");
@@ -388,19 +384,93 @@ async fn run_once(contract: &Contract, target: &Target, case: &Case, run: u32) -
 /// The tokenizer a report names when the provider's API counted.
 const PROVIDER_COUNT: &str = "the provider's count_tokens";
 
-/// Sends one request and reads the whole answer as a chat completion.
+/// A chat request's prompt tokens as the target's own API counts them
+/// (Anthropic's count_tokens, sent the request as the Messages API says
+/// it): `None` when its API has no count.
+async fn provider_count(target: &Target, messages: &[Value]) -> Option<Result<u32, String>> {
+    if !target.provider.speaks(Dialect::CountTokens) {
+        return None;
+    }
+    let mut chat = Map::new();
+    chat.insert("model".into(), Value::String(target.model.to_string()));
+    chat.insert("messages".into(), Value::Array(messages.to_vec()));
+    let (mut request, _) = match crate::translate::chat_messages::request::translate(&chat, 1) {
+        Ok(t) => t,
+        Err(e) => return Some(Err(e.to_string())),
+    };
+    request.retain(|k, _| matches!(k.as_str(), "model" | "system" | "messages" | "tools"));
+    let body = Bytes::from(Value::Object(request).to_string());
+    let answer = exchange(target, Dialect::CountTokens, body).await;
+    Some(answer.and_then(|v| {
+        v.get("input_tokens")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| "the token count's answer has no input_tokens".to_string())
+    }))
+}
+
+/// Sends one chat request (translated for a target of another dialect)
+/// and reads the whole answer as a chat completion.
 async fn call(target: &Target, body: Bytes) -> Result<Value, String> {
+    let chat: Map<String, Value> =
+        serde_json::from_slice(&body).map_err(|e| format!("the case is not a request: {e}"))?;
+    let fp = crate::fingerprint::Fingerprint::from_bytes([0; 32]);
+    let sendable = match crate::translate::prepare(
+        Dialect::Chat,
+        &chat,
+        &crate::fingerprint::NO_HEADERS,
+        target,
+        &fp,
+    ) {
+        Ok(crate::translate::Prepared::Send(s)) => s,
+        Ok(crate::translate::Prepared::Local(body)) => {
+            return serde_json::from_slice(&body).map_err(|e| e.to_string());
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     let provider = &target.provider;
     let reply = provider
         .send(
-            crate::providers::Endpoint::Chat,
+            sendable.dialect,
             &target.model,
-            body,
+            sendable.body,
+            &sendable.forwarded,
             provider.timeout,
             None,
         )
         .await
         .map_err(|e| describe(&e))?;
+    let reply = match sendable.reply {
+        Some(t) => crate::translate::translated(reply, t, provider.max_answer_bytes),
+        None => reply,
+    };
+    read_whole(target, reply).await
+}
+
+/// Sends `body` in `dialect`, as it is, and reads the whole answer.
+async fn exchange(target: &Target, dialect: Dialect, body: Bytes) -> Result<Value, String> {
+    let provider = &target.provider;
+    let reply = provider
+        .send(
+            dialect,
+            &target.model,
+            body,
+            &crate::fingerprint::NO_HEADERS,
+            provider.timeout,
+            None,
+        )
+        .await
+        .map_err(|e| describe(&e))?;
+    read_whole(target, reply).await
+}
+
+/// A reply read whole (within the provider's `max_answer_bytes`) as JSON;
+/// an error status is an error.
+async fn read_whole(
+    target: &Target,
+    reply: crate::providers::UpstreamReply,
+) -> Result<Value, String> {
+    let provider = &target.provider;
     let mut whole = BytesMut::new();
     let mut stream = reply.body;
     while let Some(chunk) = stream.next().await {

@@ -26,6 +26,7 @@ mod jobs;
 mod log;
 mod place;
 mod providers;
+mod responses;
 mod routes;
 mod server;
 mod storage;
@@ -42,9 +43,10 @@ pub use providers::{
     ANTHROPIC_BASE_URL, ANTHROPIC_VERSION, AZURE_API_VERSION, ProviderConfig, ProviderKind,
     chat_url,
 };
+pub use responses::ResponsesConfig;
 pub use routes::{
-    MaxWait, Normalize, OnWaitTimeout, PriceConfig, RouteAttempts, RouteCache, RouteCoalesce,
-    RouteConfig, RouteEndpoint, Scope, TargetConfig,
+    MODEL_PLACEHOLDER, MaxWait, Normalize, OnWaitTimeout, PriceConfig, RouteAttempts, RouteCache,
+    RouteCoalesce, RouteConfig, RouteEndpoint, Scope, TargetConfig,
 };
 pub use server::{MaxConnections, ServerConfig};
 pub use storage::StorageConfig;
@@ -127,6 +129,8 @@ pub struct Config {
     pub contracts: ContractsConfig,
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    #[serde(default)]
+    pub responses: ResponsesConfig,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     #[serde(default)]
@@ -265,6 +269,7 @@ impl Config {
         self.contracts.validate(source)?;
         self.telemetry.validate(source)?;
         self.log.validate(source)?;
+        self.responses.validate(source)?;
         self.admin.validate(source)?;
 
         // A key names one caller: no two tenants share one, nor a tenant and

@@ -137,7 +137,16 @@ pub struct RouteConfig {
     pub attempts: RouteAttempts,
 }
 
+/// In a target's model, the model name a client asked a pattern route for.
+pub const MODEL_PLACEHOLDER: &str = "{model}";
+
 impl RouteConfig {
+    /// True when `model` is a pattern (`claude-*`): the route serves every
+    /// model name it matches that no route names exactly.
+    pub fn is_pattern(&self) -> bool {
+        self.model.contains('*')
+    }
+
     /// The checks of route `r` of `[[routes]]`. `names` holds the models of
     /// the routes before it (this one's is added); `known_provider` is given
     /// each target's provider, with its key, before the target's own checks,
@@ -158,6 +167,28 @@ impl RouteConfig {
         }
         if self.targets.is_empty() {
             return Err(source.invalid(at("targets"), "a route needs at least one target"));
+        }
+        let pattern = self.is_pattern();
+        if pattern && self.contract.is_some() {
+            return Err(source.invalid(
+                at("contract"),
+                "a route that matches model names by pattern cannot have a contract: each name \
+                 it serves is another model, certified on its own (give the model a route of its own)",
+            ));
+        }
+        if let Some((i, _)) = self
+            .targets
+            .iter()
+            .enumerate()
+            .find(|(_, t)| !pattern && t.model.contains(MODEL_PLACEHOLDER))
+        {
+            return Err(source.invalid(
+                at(&format!("targets[{i}].model")),
+                format!(
+                    "{MODEL_PLACEHOLDER} stands for the model a client asked for: only a route whose \
+                     model is a pattern (with `*`) has one"
+                ),
+            ));
         }
         if self.endpoints.is_empty() {
             return Err(source.invalid(

@@ -17,6 +17,14 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Deepest JSON nesting accepted in a request body.
     pub max_json_depth: usize,
+    /// Most JSON values (objects, arrays, strings, numbers, literals, and
+    /// object keys) accepted in a request body: what parsing a body may
+    /// cost is a small multiple of this, whatever the body is made of.
+    pub max_json_values: usize,
+    /// Bytes of request bodies being read and parsed at once, across all
+    /// requests; past it a body waits briefly, then gets a 503 with
+    /// `Retry-After`.
+    pub max_inflight_body_bytes: usize,
     /// Most `messages` accepted in one chat completion request.
     pub max_messages: usize,
     /// How long a graceful shutdown waits for requests in progress.
@@ -43,6 +51,8 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(120),
             max_body_bytes: 8 * 1024 * 1024,
             max_json_depth: 64,
+            max_json_values: 200_000,
+            max_inflight_body_bytes: 64 * 1024 * 1024,
             max_messages: 2048,
             shutdown_grace: Duration::from_secs(10),
             allow_anonymous: false,
@@ -63,6 +73,17 @@ impl ServerConfig {
         }
         if !(2..=512).contains(&self.max_json_depth) {
             return Err(source.invalid("server.max_json_depth", "must be within 2..=512"));
+        }
+        if self.max_json_values < 1000 {
+            return Err(source.invalid("server.max_json_values", "must be at least 1000"));
+        }
+        if self.max_inflight_body_bytes < self.max_body_bytes
+            || self.max_inflight_body_bytes > u32::MAX as usize
+        {
+            return Err(source.invalid(
+                "server.max_inflight_body_bytes",
+                "must be at least server.max_body_bytes, and under 4 GiB",
+            ));
         }
         if self.request_timeout.is_zero() {
             return Err(source.invalid("server.request_timeout", "must be above zero"));

@@ -454,3 +454,34 @@ fn responses_api_is_for_openai_providers_only() {
         assert!(err.contains("kind = \"openai\" only"), "{kind}: {err}");
     }
 }
+
+/// A pattern route (`claude-*`) may send the asked name on (`{model}`);
+/// only a pattern route may, and a pattern route has no contract (each name
+/// it serves is another model, certified on its own).
+#[test]
+fn pattern_routes_and_the_model_placeholder() {
+    let base = "[[providers]]\nname = \"p\"\nkind = \"mock\"\n[[routes]]\n";
+    let ok = format!(
+        "{base}model = \"claude-*\"\ntargets = [{{ provider = \"p\", model = \"{{model}}\" }}]\n"
+    );
+    let c = parse(&ok).unwrap();
+    assert!(c.routes[0].is_pattern());
+
+    let exact = format!(
+        "{base}model = \"claude\"\ntargets = [{{ provider = \"p\", model = \"{{model}}\" }}]\n"
+    );
+    let e = parse(&exact).unwrap_err().to_string();
+    assert!(
+        e.contains("routes[0].targets[0].model") && e.contains("{model}"),
+        "{e}"
+    );
+
+    let contract = format!(
+        "{base}model = \"claude-*\"\ncontract = \"c.toml\"\ntargets = [{{ provider = \"p\", model = \"{{model}}\" }}]\n"
+    );
+    let e = parse(&contract).unwrap_err().to_string();
+    assert!(
+        e.contains("routes[0].contract") && e.contains("pattern"),
+        "{e}"
+    );
+}

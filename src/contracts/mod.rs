@@ -332,13 +332,26 @@ pub fn enforce(contract: &Contract, route: &str, answer: Answer) -> Answer {
     if !answer.is_success() {
         return answer;
     }
-    let verdict = match answer.completion_json() {
-        Some(completion) => contract.check_completion(&completion),
-        None => Err(Violation::new(
-            "",
-            "not_json",
-            "the provider's answer is not a chat completion",
-        )),
+    // A chat completion: every choice's content; an answer of another
+    // dialect: its text (a message's text blocks, a response's output
+    // text).
+    let verdict = match answer.dialect {
+        crate::dialect::Dialect::Chat => match answer.plain_json() {
+            Some(completion) => contract.check_completion(&completion),
+            None => Err(Violation::new(
+                "",
+                "not_json",
+                "the provider's answer is not a chat completion",
+            )),
+        },
+        _ => match answer.text() {
+            Some(text) => contract.check_content(&text).map(|_| ()),
+            None => Err(Violation::new(
+                "",
+                "no_content",
+                "the answer has no text content",
+            )),
+        },
     };
     let Err(violation) = verdict else {
         return answer;
@@ -555,6 +568,7 @@ expect = { category = "delivery" }
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
         });
         Answer {
+            dialect: crate::dialect::Dialect::Chat,
             status: reqwest::StatusCode::OK,
             form: crate::answer::Form::Plain,
             body: bytes::Bytes::from(body.to_string()),

@@ -18,10 +18,12 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::answer::{Answer, Failure};
+use crate::dialect::{Dialect, Forwarded};
+use crate::fingerprint::Fingerprint;
 use crate::flight::Wire;
 use crate::prices::Tokens;
-use crate::providers::Endpoint;
 use crate::routes::{Route, Target};
+use crate::translate::{Prepared, Refusal, Sendable};
 
 /// The most items one request may carry (OpenAI's limit).
 pub const MAX_ITEMS: usize = 2048;
@@ -244,17 +246,34 @@ impl List<'_> {
 }
 
 impl Wire for Embeddings {
-    fn endpoint(&self) -> Endpoint {
-        Endpoint::Embeddings
+    fn dialect(&self) -> Dialect {
+        Dialect::Embeddings
     }
 
     /// `{"model": <the target's>, "input": [the items...], "encoding_format":
     /// "float", ...}` with the fields the items share (they come from one
     /// request). Always floats upstream: every provider speaks them, and the
     /// cached vector serves either rendering.
-    fn body(&self, _route: &Route, target: &Target, requests: &[Arc<Map<String, Value>>]) -> Bytes {
+    fn prepare(
+        &self,
+        _route: &Route,
+        target: &Target,
+        requests: &[Arc<Map<String, Value>>],
+        forwarded: &Forwarded,
+        _fp: &Fingerprint,
+    ) -> Result<Prepared, Refusal> {
+        if !target.provider.speaks(Dialect::Embeddings) {
+            return Err(Refusal::at(
+                "model",
+                format!(
+                    "provider {} ({}) has no embeddings API",
+                    target.provider.name,
+                    target.provider.kind.as_str()
+                ),
+            ));
+        }
         let Some(first) = requests.first() else {
-            return Bytes::new();
+            return Err(Refusal::at("input", "no item to embed"));
         };
         let mut body = (**first).clone();
         let inputs: Vec<Value> = requests
@@ -264,8 +283,13 @@ impl Wire for Embeddings {
         body.insert("model".into(), Value::String(target.model.to_string()));
         body.insert("input".into(), Value::Array(inputs));
         body.insert("encoding_format".into(), json!("float"));
-        // Serializing a Map of Values cannot fail.
-        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+        Ok(Prepared::Send(Sendable {
+            dialect: Dialect::Embeddings,
+            // Serializing a Map of Values cannot fail.
+            body: Bytes::from(serde_json::to_vec(&body).unwrap_or_default()),
+            forwarded: forwarded.clone(),
+            reply: None,
+        }))
     }
 
     /// A 2xx must be an embeddings list with one vector per item.

@@ -31,28 +31,40 @@ use serde_json::{Map, Value};
 
 use crate::answer::{Answer, Failure, Form};
 use crate::cache::{ResultCache, jittered_ttl};
+use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
-use crate::providers::Endpoint;
 use crate::providers::breaker::Health;
 use crate::routes::{Route, Target};
 use crate::telemetry::{Attribute, EndOnDrop, Kind, Trace, attr, provider_name};
+use crate::translate::{Prepared, Refusal};
 
 use super::redis::{Begin, Completion, Lease, RedisFlights, Remote};
 use super::table::{Flight, Head, LeaderTicket, Origin};
 
 /// An endpoint's part of an upstream call: what it sends and how its
-/// answer is read. The leader knows no wire format; each endpoint (chat
-/// completions, embeddings) implements this once.
+/// answer is read. The leader knows no wire format; each dialect (chat
+/// completions, Messages, Responses, token counts, embeddings) implements
+/// this once.
 pub trait Wire: Send + Sync + 'static {
-    /// The provider endpoint the call goes to.
-    fn endpoint(&self) -> Endpoint;
-    /// The body for `target` that carries these tasks' requests, in order:
-    /// one request, or several when tasks share a call.
-    fn body(&self, route: &Route, target: &Target, requests: &[Arc<Map<String, Value>>]) -> Bytes;
-    /// `answer` (a 2xx to a call for these requests) if it is a
-    /// well-formed answer, else the failure that replaces it (logged here,
-    /// with why).
+    /// The dialect of the requests, and of the answers the flights keep.
+    fn dialect(&self) -> Dialect;
+    /// The call to `target` that carries these tasks' requests, in order
+    /// (one request, or several when tasks share a call), for the task
+    /// `fp` (a one-task call's): sent as the requests' dialect, translated
+    /// into the target's, or answered here; or why the target cannot take
+    /// them.
+    fn prepare(
+        &self,
+        route: &Route,
+        target: &Target,
+        requests: &[Arc<Map<String, Value>>],
+        forwarded: &Forwarded,
+        fp: &Fingerprint,
+    ) -> Result<Prepared, Refusal>;
+    /// `answer` (a 2xx to a call for these requests, in the requests'
+    /// dialect) if it is a whole, well-formed answer, else the failure that
+    /// replaces it (logged here, with why).
     fn check(
         &self,
         answer: Answer,
@@ -92,6 +104,9 @@ pub struct Call {
     /// The span of the request (or attempt) that leads, when traces are on:
     /// the provider call's span is its child.
     pub trace: Option<Trace>,
+    /// The client's answer-changing headers (identical for every flight of
+    /// the call: they are in the fingerprint).
+    pub forwarded: Forwarded,
 }
 
 impl Call {
@@ -297,7 +312,7 @@ async fn call_and_settle(call: &Call, led: Vec<Led>) {
     // before the answer is checked; `upstream` buffered a streamed answer,
     // which is released to the flight as one chunk once it passes.
     if let Some(contract) = &call.route.contract
-        && call.wire.endpoint() == Endpoint::Chat
+        && call.wire.dialect() != Dialect::Embeddings
     {
         answer = crate::contracts::enforce(contract, &call.route.name, answer);
         if answer.is_success()
@@ -579,7 +594,15 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
     };
     let provider = &t.provider;
     let requests: Vec<_> = led.iter().map(|l| l.request.clone()).collect();
-    let body = call.wire.body(route, t, &requests);
+    let fp = led
+        .first()
+        .map(Led::fp)
+        .unwrap_or(Fingerprint::from_bytes([0; 32]));
+    let sendable = match call.wire.prepare(route, t, &requests, &call.forwarded, &fp) {
+        Ok(Prepared::Send(s)) => s,
+        Ok(Prepared::Local(body)) => return local_answer(call, t, body),
+        Err(refusal) => return refused(t, &refusal),
+    };
     // Only a call for one flight relays as it arrives: a shared call's
     // answer is split once it is whole.
     let relay_to = match led {
@@ -610,9 +633,10 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
     let _ends = span.clone().map(EndOnDrop);
     let reply = match provider
         .send(
-            call.wire.endpoint(),
+            sendable.dialect,
             &t.model,
-            body,
+            sendable.body,
+            &sendable.forwarded,
             timeout,
             traceparent.as_deref(),
         )
@@ -623,7 +647,7 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
             if e.was_sent() {
                 metrics.upstream_call(tenant, &provider.name, 0);
             }
-            tracing::warn!(route = %route.name, provider = %provider.name, error = %e, "upstream call failed");
+            tracing::warn!(route = %route.name, provider = %provider.name, error = %e.with_causes(), "upstream call failed");
             if let Some(s) = &span {
                 s.fail(e.to_string());
             }
@@ -632,6 +656,43 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
     };
     progress.mark();
     metrics.upstream_call(tenant, &provider.name, reply.status.as_u16());
+    // A 401 or 403 refuses idem's own key (the client's never travels):
+    // the operator's to fix, so the client is not told its key is wrong.
+    if matches!(reply.status.as_u16(), 401 | 403) {
+        let status = reply.status.as_u16();
+        if provider.auth_warning_due() {
+            tracing::warn!(
+                provider = %provider.name,
+                status,
+                "the provider refused idem's credentials: check the key its api_key_env names \
+                 (logged at most once a minute per provider)"
+            );
+        }
+        if let Some(s) = &span {
+            s.fail("the provider refused idem's credentials");
+        }
+        let message = format!(
+            "provider {} refused idem's credentials ({status}): the gateway's key for it is \
+             wrong or lacks access; tell the gateway's operator",
+            provider.name
+        );
+        let mut failed = Answer::from_failure(
+            Failure::Credentials,
+            &message,
+            provider.name.clone(),
+            t.model.clone(),
+        );
+        failed.upstream_latency = started.elapsed();
+        return failed;
+    }
+    // The reply in the requests' dialect, translated as it arrives when the
+    // target speaks another.
+    let reply = match sendable.reply {
+        Some(translator) => {
+            crate::translate::translated(reply, translator, provider.max_answer_bytes)
+        }
+        None => reply,
+    };
     if let Some(s) = &span {
         s.set(vec![Attribute::new(
             attr::STATUS,
@@ -667,7 +728,7 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
     // once the answer is known to be a completion (see `RelayPoint`). A
     // client whose stream breaks off or turns out to be garbage gets an
     // error event of its own after them.
-    let mut point = crate::sse::RelayPoint::default();
+    let mut point = crate::sse::RelayPoint::new(call.wire.dialect().terminal());
     let mut relayed = 0;
     while let Some(chunk) = body.next().await {
         match chunk {
@@ -709,7 +770,7 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
                 }
             }
             Err(e) => {
-                tracing::warn!(route = %route.name, provider = %provider.name, error = %e, "upstream body broke off");
+                tracing::warn!(route = %route.name, provider = %provider.name, error = %e.with_causes(), "upstream body broke off");
                 if let Some(s) = &span {
                     s.fail(e.to_string());
                 }
@@ -722,6 +783,7 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
         route.latency.record(latency);
     }
     let answer = Answer {
+        dialect: call.wire.dialect(),
         status: reply.status,
         form,
         body: whole.freeze(),
@@ -757,6 +819,46 @@ async fn upstream(call: &Call, led: &[Led], progress: &Progress) -> Answer {
     answer
 }
 
+/// An answer idem made itself, without a call (a token count by the
+/// target model's tokenizer).
+fn local_answer(call: &Call, t: &Target, body: Bytes) -> Answer {
+    Answer {
+        dialect: call.wire.dialect(),
+        status: reqwest::StatusCode::OK,
+        form: Form::Plain,
+        body,
+        retry_after: None,
+        failure: None,
+        provider: t.provider.name.clone(),
+        model: t.model.clone(),
+        created_at: SystemTime::now(),
+        upstream_latency: Duration::ZERO,
+        cache_ttl: None,
+        rendered: Default::default(),
+    }
+}
+
+/// The 400 of a request the target cannot take (nothing was sent): shared
+/// with the flight's followers, whose request is the same, never cached.
+fn refused(t: &Target, refusal: &Refusal) -> Answer {
+    let body = crate::answer::error_body(
+        &refusal.message,
+        "invalid_request_error",
+        "unsupported_by_provider",
+        refusal.param.as_deref(),
+    );
+    let mut answer = Answer::from_failure(
+        Failure::Connect,
+        "",
+        t.provider.name.clone(),
+        t.model.clone(),
+    );
+    answer.failure = None;
+    answer.status = reqwest::StatusCode::BAD_REQUEST;
+    answer.body = Bytes::from(body.to_string());
+    answer
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -769,7 +871,7 @@ mod tests {
         let ticket = super::super::tests::lead(&coalescer, lease);
         let flight = ticket.flight.clone();
         let call = Call {
-            wire: &crate::endpoints::chat::CHAT,
+            wire: &crate::endpoints::CHAT,
             tenant: "acme".into(),
             route,
             target: 0,
@@ -781,6 +883,7 @@ mod tests {
             metrics: coalescer.metrics.clone(),
             call_timeout: Duration::from_secs(1),
             trace: None,
+            forwarded: Forwarded::default(),
         };
         let led = [Led {
             ticket,

@@ -27,6 +27,7 @@ use serde_json::{Map, Value};
 use crate::answer::Answer;
 use crate::cache::{Lookup, ResultCache};
 use crate::config::OnWaitTimeout;
+use crate::dialect::Forwarded;
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
@@ -158,6 +159,10 @@ pub struct Ask<'a> {
 pub struct RequestBody {
     parsed: Mutex<Option<Arc<Map<String, Value>>>>,
     raw: Option<Bytes>,
+    /// The client's headers that change the answer (sent on to a target of
+    /// the request's dialect); boxed, and none for most requests: every
+    /// waiting follower holds this.
+    forwarded: Option<Box<Forwarded>>,
 }
 
 impl RequestBody {
@@ -167,7 +172,23 @@ impl RequestBody {
         RequestBody {
             parsed: Mutex::new(Some(parsed)),
             raw: None,
+            forwarded: None,
         }
+    }
+
+    /// The same body, with the client's answer-changing headers.
+    pub fn with_forwarded(self, forwarded: Forwarded) -> RequestBody {
+        RequestBody {
+            forwarded: (!forwarded.is_empty()).then(|| Box::new(forwarded)),
+            ..self
+        }
+    }
+
+    /// The client's answer-changing headers.
+    pub fn forwarded(&self) -> &Forwarded {
+        self.forwarded
+            .as_deref()
+            .unwrap_or(&crate::fingerprint::NO_HEADERS)
     }
 
     /// A body parsed from `raw`, the JSON object it arrived as.
@@ -175,6 +196,7 @@ impl RequestBody {
         RequestBody {
             parsed: Mutex::new(Some(parsed)),
             raw: Some(raw),
+            forwarded: None,
         }
     }
 
@@ -460,6 +482,7 @@ impl Coalescer {
                 write_cache: ask.write_cache,
                 pinned: ask.pinned,
                 call_timeout: ask.call_timeout.unwrap_or(target.provider.timeout),
+                forwarded: ask.body.forwarded().clone(),
                 cache: self.cache.clone(),
                 metrics: self.metrics.clone(),
                 trace: ask.trace.cloned(),
@@ -555,7 +578,7 @@ mod tests {
             route,
             fp: &FP,
             body,
-            wire: &crate::endpoints::chat::CHAT,
+            wire: &crate::endpoints::CHAT,
             read_cache: true,
             read_negative: true,
             write_cache: true,

@@ -39,6 +39,7 @@ use tokio::sync::Notify;
 
 use crate::answer::Answer;
 use crate::config::SharedBackend;
+use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
 
 use super::table::FlightKey;
@@ -360,7 +361,13 @@ pub struct RedisFlights {
     /// Whether this replica's subscription is known to hear completions
     /// (see [`listen`]); while it is not, waiters poll quickly.
     listening: AtomicBool,
+    /// This replica's own result cache, which another replica's eviction
+    /// (see [`RedisFlights::evict`]) empties too.
+    local: std::sync::OnceLock<Arc<crate::cache::ResultCache>>,
 }
+
+/// The message that tells every replica to forget an answer.
+const EVICT: &str = "evict:";
 
 impl RedisFlights {
     /// Connects to one server or to a cluster (command connection and
@@ -407,6 +414,35 @@ impl RedisFlights {
             started: Instant::now(),
             healthy: AtomicBool::new(true),
             listening: AtomicBool::new(true),
+            local: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The replica's own result cache: evictions announced by any replica
+    /// are applied to it.
+    pub fn evicts_from(&self, cache: Arc<crate::cache::ResultCache>) {
+        let _ = self.local.set(cache);
+    }
+
+    /// Forgets the answer of `fp` everywhere: the shared result cache, and
+    /// every replica's own (announced on the completion channel; a replica
+    /// that misses the message keeps its copy at most until its TTL).
+    pub async fn evict(&self, fp: &Fingerprint) -> Result<(), SharedError> {
+        let key = FlightKey { fp: *fp, target: 0 };
+        let mut conn = self.conn.clone();
+        let mut del = redis::cmd("DEL");
+        del.arg(self.key(&key, "answer"));
+        let mut publish = redis::cmd("PUBLISH");
+        publish
+            .arg(&self.channel)
+            .arg(format!("{EVICT}{}", fp.to_hex()));
+        let both = async {
+            del.query_async::<i64>(&mut conn).await?;
+            publish.query_async::<i64>(&mut conn).await
+        };
+        match tokio::time::timeout(self.timeout, both).await {
+            Ok(r) => r.map(|_| ()).map_err(SharedError::from),
+            Err(_) => Err(SharedError::Timeout(self.timeout)),
         }
     }
 
@@ -676,6 +712,13 @@ async fn listen(shared: std::sync::Weak<RedisFlights>, mut sub: Conn, mut rx: Pu
                             probe = None;
                             last_heard = Instant::now();
                             me.set_listening(true);
+                        } else if let Some(hex) = m.strip_prefix(EVICT.as_bytes()) {
+                            let fp = std::str::from_utf8(hex)
+                                .ok()
+                                .and_then(|h| format!("v1:{h}").parse::<Fingerprint>().ok());
+                            if let (Some(fp), Some(cache)) = (fp, me.local.get()) {
+                                cache.remove(&fp);
+                            }
                         } else if let Ok(id) = std::str::from_utf8(m)
                             && let Some(n) = me.waiters.get(id)
                         {
@@ -773,7 +816,7 @@ mod tests {
     use std::str::FromStr;
 
     fn redis_url() -> String {
-        std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+        crate::test_services::redis_url()
     }
 
     async fn shared() -> Arc<RedisFlights> {
@@ -789,10 +832,7 @@ mod tests {
         match RedisFlights::connect(&backend, &prefix, Duration::from_secs(1), poll, metrics).await
         {
             Ok(s) => s,
-            Err(e) => panic!(
-                "Redis not reachable at {url}: {e}. Start it with: redis-server --daemonize yes \
-                 --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no"
-            ),
+            Err(e) => panic!("Redis at {url} answered the tests before, but not now: {e}"),
         }
     }
 
@@ -1082,7 +1122,10 @@ mod tests {
     async fn a_silently_deaf_subscription_is_found_and_heals() {
         let config = Config::from_toml_str("", Source::Embedded, false).unwrap();
         let timeout = Duration::from_millis(250);
-        let (conn, sub, rx) = connect_single(&redis_url(), timeout).await.unwrap();
+        let url = redis_url();
+        let (conn, sub, rx) = connect_single(&url, timeout)
+            .await
+            .unwrap_or_else(|e| panic!("Redis at {url}: {e}"));
         let prefix = format!("idem-unit-{}", uuid::Uuid::now_v7().simple());
         let s = Arc::new(RedisFlights::new(
             conn,

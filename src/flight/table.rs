@@ -433,6 +433,7 @@ mod tests {
 
     fn ok_answer() -> Arc<Answer> {
         Arc::new(Answer {
+            dialect: crate::dialect::Dialect::Chat,
             status: StatusCode::OK,
             form: Form::Plain,
             body: Bytes::from_static(b"{\"ok\":true}"),

@@ -25,12 +25,12 @@ use super::openai::{
 };
 use super::{AppState, Caller, validate};
 use crate::answer::Answer;
+use crate::dialect::Dialect;
 use crate::endpoints::embeddings::{self as wire, EMBEDDINGS, Encoding};
 use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{RequestBody, Source};
 use crate::outcome::Outcome;
 use crate::prices::Tokens;
-use crate::providers::Endpoint;
 use crate::routes::Route;
 use crate::task::{Count, Finish, Items, Line, Task};
 use crate::telemetry::Trace;
@@ -86,24 +86,26 @@ async fn handle(
     let caller = Caller::admit(headers, app).map_err(|e| known.refused(e))?;
     let tenant = caller.tenant().map_err(|e| known.refused(e))?;
     known.tenant = Some(&tenant);
-    let bytes = validate::read_body(body, content_length(headers), caller.body_limit(app))
+    let (bytes, share) = app
+        .intake
+        .read(body, content_length(headers), caller.body_limit(app))
         .await
         .map_err(|e| known.refused(e))?;
-    let object =
-        validate::parse_object(&bytes, app.limits.max_json_depth).map_err(|e| known.refused(e))?;
+    let object = validate::parse_object(&bytes, &app.limits).map_err(|e| known.refused(e))?;
     drop(bytes);
     let req = wire::parse(object)
         .map_err(|i| known.refused(ApiError::bad_request(i.message, i.code, Some(i.param))))?;
+    drop(share);
     let trace = super::openai::request_trace(app, "embeddings", &req.model, headers);
     let Some(route) = caller.live.route(&req.model) else {
         return Err(known.refused(super::openai::unknown_model(
             &caller.live.routes,
             &req.model,
-            Endpoint::Embeddings,
+            Dialect::Embeddings,
         )));
     };
     known.route = Some(&route.name);
-    if !route.serves(Endpoint::Embeddings) {
+    if !route.serves(Dialect::Embeddings) {
         return Err(known.refused(super::openai::not_served(&req.model, "embeddings")));
     }
     let user = headers.get(IDEM_USER).and_then(|v| v.to_str().ok());

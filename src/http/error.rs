@@ -36,6 +36,8 @@ pub enum ApiError {
     },
     #[error("request body larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    #[error("the request head (request line and headers) is larger than {limit} bytes")]
+    HeadTooLarge { limit: usize },
     #[error("the request body did not arrive within {limit:?}")]
     BodyTimeout { limit: Duration },
     /// `available`: the models the caller may use for this endpoint, so
@@ -69,6 +71,13 @@ pub enum ApiError {
     RateLimited { retry_after: u64 },
     #[error("service unavailable: {0}")]
     Unavailable(&'static str),
+    /// The gateway is at one of its bounds for the moment: 503 with
+    /// `Retry-After`.
+    #[error("the gateway is busy: {what}; retry in {retry_after} s")]
+    Busy {
+        what: &'static str,
+        retry_after: u64,
+    },
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
@@ -122,6 +131,7 @@ impl ApiError {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::ModelNotFound { .. } | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::WaitTimeout { .. } | ApiError::JobInProgress { .. } => {
@@ -129,7 +139,7 @@ impl ApiError {
             }
             ApiError::Upstream { status, .. } => *status,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -143,6 +153,7 @@ impl ApiError {
             ApiError::BadRequest { code, .. } => ("invalid_request_error", code),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", "request_too_large"),
             ApiError::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
+            ApiError::HeadTooLarge { .. } => ("invalid_request_error", "request_head_too_large"),
             ApiError::ModelNotFound { .. } => ("invalid_request_error", "model_not_found"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::Conflict { code, .. } => ("invalid_request_error", code),
@@ -151,6 +162,7 @@ impl ApiError {
             ApiError::Upstream { code, .. } => ("upstream_error", code),
             ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
             ApiError::Unavailable(_) => ("server_error", "unavailable"),
+            ApiError::Busy { .. } => ("server_error", "server_busy"),
             ApiError::Internal(_) => ("server_error", "internal_error"),
         }
     }
@@ -171,6 +183,7 @@ impl ApiError {
             | ApiError::BadRequest { .. }
             | ApiError::PayloadTooLarge { .. }
             | ApiError::BodyTimeout { .. }
+            | ApiError::HeadTooLarge { .. }
             | ApiError::ModelNotFound { .. }
             | ApiError::NotFound(_)
             | ApiError::Conflict { .. }
@@ -182,9 +195,10 @@ impl ApiError {
                 code: "no_target_available",
                 ..
             } => Refusal::NoTarget,
-            ApiError::Upstream { .. } | ApiError::Unavailable(_) | ApiError::Internal(_) => {
-                Refusal::Error
-            }
+            ApiError::Upstream { .. }
+            | ApiError::Unavailable(_)
+            | ApiError::Busy { .. }
+            | ApiError::Internal(_) => Refusal::Error,
         }
     }
 
@@ -199,9 +213,9 @@ impl ApiError {
     fn headers(&self) -> HeaderMap {
         let mut h = HeaderMap::new();
         let retry = match self {
-            ApiError::WaitTimeout { retry_after, .. } | ApiError::RateLimited { retry_after } => {
-                Some(*retry_after)
-            }
+            ApiError::WaitTimeout { retry_after, .. }
+            | ApiError::RateLimited { retry_after }
+            | ApiError::Busy { retry_after, .. } => Some(*retry_after),
             ApiError::Upstream { retry_after, .. } => *retry_after,
             _ => None,
         };
@@ -218,7 +232,10 @@ impl ApiError {
         // into a connection that is closing.
         if matches!(
             self,
-            ApiError::PayloadTooLarge { .. } | ApiError::BodyTimeout { .. }
+            ApiError::PayloadTooLarge { .. }
+                | ApiError::BodyTimeout { .. }
+                | ApiError::HeadTooLarge { .. }
+                | ApiError::Busy { .. }
         ) {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
@@ -288,15 +305,20 @@ impl IntoResponse for ApiError {
             tracing::error!(error = format!("{e:#}"), "internal error");
         }
         let (kind, code) = self.kind();
-        let body = error_body(&self.to_string(), kind, code, self.param());
+        let message = self.to_string();
+        // Off by default (a refusal is the client's business); on with
+        // `RUST_LOG=idem::refused=debug` to see every request idem refused
+        // and why (the agents check fails on any).
+        tracing::debug!(target: "idem::refused", status = status.as_u16(), code, %message, "refused");
+        let body = error_body(&message, kind, code, self.param());
         (status, self.headers(), axum::Json(body)).into_response()
     }
 }
 
-impl From<crate::shapes::Refusal> for ApiError {
+impl From<crate::translate::Refusal> for ApiError {
     /// A request of the Messages or Responses face that a chat request
     /// cannot say: 400 `invalid_request` with the field at fault.
-    fn from(r: crate::shapes::Refusal) -> ApiError {
+    fn from(r: crate::translate::Refusal) -> ApiError {
         ApiError::bad_request(r.message, "invalid_request", r.param.as_deref())
     }
 }

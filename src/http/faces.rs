@@ -1,16 +1,15 @@
-//! The faces of the chat path: what the client of each API shape sent, and
-//! the shared answer rendered in that shape.
+//! The faces of the conversation path: how one asker wants the shared
+//! answer ([`Asked`]), and that answer rendered for it, plain or streamed,
+//! live or finished (docs/design.md, "Endpoints: one core, several
+//! dialects").
 //!
-//! `POST /v1/chat/completions`, `POST /v1/messages` (Anthropic's Messages
-//! API) and `POST /v1/responses` (OpenAI's Responses API) run the same path
-//! (docs/design.md, "Endpoints: one core, several faces"): the request is
-//! translated into a chat completion request
-//! ([`crate::shapes::messages`], [`crate::shapes::responses`]), the
-//! face joins the fingerprint, and the core's answer, a chat completion, is
-//! rendered here in the form this asker wants: plain or streamed, in its
-//! face's shape. A live stream is
-//! translated chunk by chunk as it arrives, so a streamed Messages or
-//! Responses client sees the leader's tokens as they come.
+//! The answer is kept in the asker's own dialect (a flight's askers share
+//! its fingerprint, which names the dialect), so rendering is the same for
+//! every face: a stream as it came (a live one relayed event by event), a
+//! plain answer as it came, and the other form made of it where the asker
+//! wants the other form than the leader's call. A chat asker gets a usage
+//! chunk exactly when it asked for one. Errors are OpenAI's error objects,
+//! or Anthropic's on the Messages face ([`anthropic_error`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -19,247 +18,139 @@ use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::openai::{json_response, sse_response};
-use crate::answer::Answer;
-use crate::fingerprint::Fingerprint;
+use crate::answer::{Answer, Form};
+use crate::dialect::{Dialect, messages};
 use crate::flight::Flight;
-use crate::shapes::{messages, responses};
-use crate::sse::EventSplitter;
 
-/// The API shape a request came in by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Face {
-    Chat,
-    Messages,
-    Responses,
-}
-
-impl Face {
-    /// Its name in the request log, `idem analyze` and its span.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Face::Chat => "chat",
-            Face::Messages => "messages",
-            Face::Responses => "responses",
-        }
-    }
-}
-
-/// How one asker wants the shared answer, as its request holds it.
-pub struct Wants {
-    pub face: Face,
+/// How one asker wants the shared answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked {
+    pub dialect: Dialect,
     pub stream: bool,
     /// A streamed chat asker's `stream_options.include_usage`.
     pub include_usage: bool,
-    /// What a Responses asker adds.
-    pub responses: Option<Box<ResponsesAsk>>,
 }
 
-impl Wants {
-    pub fn asked(&self) -> Asked<'_> {
-        asked(
-            self.face,
-            self.stream,
-            self.include_usage,
-            self.responses.as_deref(),
-        )
-    }
-}
-
-/// [`Asked`] from its parts (a Responses face without its extras is
-/// rendered as Messages never is: it cannot happen, and renders plain chat).
-pub fn asked(
-    face: Face,
-    stream: bool,
-    include_usage: bool,
-    responses: Option<&ResponsesAsk>,
-) -> Asked<'_> {
-    match (face, responses) {
-        (Face::Messages, _) => Asked::Messages { stream },
-        (Face::Responses, Some(r)) => Asked::Responses(r),
-        _ => Asked::Chat {
-            stream,
-            include_usage,
-        },
-    }
-}
-
-/// How one asker wants the shared answer: its face and form.
-#[derive(Clone, Copy)]
-pub enum Asked<'a> {
-    Chat { stream: bool, include_usage: bool },
-    Messages { stream: bool },
-    Responses(&'a ResponsesAsk),
-}
-
-/// What a Responses client asked for beyond its task.
-pub struct ResponsesAsk {
-    pub stream: bool,
-    /// What of the request the response object repeats.
-    pub echo: responses::Echo,
-    /// `store` (OpenAI's default: true): kept for `GET` and continuation.
-    pub store: bool,
-    /// The conversation so far and this request's turns, as chat messages:
-    /// what a stored response continues from.
-    pub turns: Vec<Value>,
-}
-
-impl Asked<'_> {
-    pub fn stream(&self) -> bool {
-        match self {
-            Asked::Chat { stream, .. } | Asked::Messages { stream } => *stream,
-            Asked::Responses(r) => r.stream,
-        }
-    }
-}
-
-/// The id of the Responses object made of `completion` for the task `fp`:
-/// every asker of one shared answer sees the same id, and two tenants'
-/// answers never share one (the fingerprint names the tenant).
-pub fn response_id(fp: &Fingerprint, completion_id: &str, created: u64) -> String {
-    let mut h = blake3::Hasher::new();
-    h.update(fp.as_bytes());
-    h.update(completion_id.as_bytes());
-    h.update(&created.to_le_bytes());
-    format!("resp_{}", &h.finalize().to_hex()[..40])
-}
-
-/// A completion's `id` and `created`, as its id derivation reads them.
-fn identity(completion: &Value) -> (&str, u64) {
-    (
-        completion.get("id").and_then(Value::as_str).unwrap_or(""),
-        completion
-            .get("created")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
-    )
-}
-
-/// A successful answer rendered for a Messages or Responses asker (chat
-/// askers are rendered by `openai::render`). `None` when the answer's body
-/// is not a completion (the completion check keeps such answers out; the
-/// caller answers 502).
-pub fn render_success(asked: Asked<'_>, fp: &Fingerprint, answer: &Answer) -> Option<Response> {
-    let completion = answer.completion_json()?;
-    Some(match asked {
-        Asked::Chat { .. } => return None,
-        Asked::Messages { stream: false } => json(messages::message_from_completion(&completion)),
-        Asked::Messages { stream: true } => {
-            sse_response(Body::from(messages::stream_from_completion(&completion)))
-        }
-        Asked::Responses(r) => {
-            let (cid, created) = identity(&completion);
-            let id = response_id(fp, cid, created);
-            if r.stream {
-                sse_response(Body::from(responses::stream_from_completion(
-                    &completion,
-                    &id,
-                    created,
-                    &r.echo,
-                )))
-            } else {
-                json(responses::response_from_completion(
-                    &completion,
-                    &id,
-                    created,
-                    &r.echo,
-                ))
-            }
-        }
-    })
-}
-
-/// The response object a stored response keeps, and the conversation it
-/// continues: what `store: true` writes once the answer is whole.
-pub fn stored(
-    asked: &ResponsesAsk,
-    fp: &Fingerprint,
-    answer: &Answer,
-) -> Option<(String, Value, Vec<Value>)> {
+/// A finished answer in the form the asker wants.
+pub fn render(answer: &Answer, asked: Asked) -> Response {
     if !answer.is_success() {
-        return None;
+        // Errors are JSON whatever the client asked for, as OpenAI does
+        // (the Messages face gives them Anthropic's shape on the way out).
+        return json_response(answer.body.clone(), answer.status, answer.retry_after);
     }
-    let completion = answer.completion_json()?;
-    let (cid, created) = identity(&completion);
-    let id = response_id(fp, cid, created);
-    let body = responses::response_from_completion(&completion, &id, created, &asked.echo);
-    let mut turns = asked.turns.clone();
-    turns.extend(responses::answer_turns(&completion));
-    Some((id, body, turns))
-}
-
-/// One face's live translation: chat chunks in, its events out.
-trait Translate: Send + 'static {
-    fn push(&mut self, chunk: &Value) -> Bytes;
-    fn finish(&mut self) -> Bytes;
-    /// The stream broke after it began: `body` is the error idem wrote.
-    fn fail(&mut self, status: StatusCode, body: &[u8]) -> Bytes;
-}
-
-impl Translate for messages::StreamTranslator {
-    fn push(&mut self, chunk: &Value) -> Bytes {
-        messages::StreamTranslator::push(self, chunk)
+    if asked.stream {
+        return sse_response(Body::from(answer.stream_body(asked.include_usage)));
     }
-    fn finish(&mut self) -> Bytes {
-        messages::StreamTranslator::finish(self)
-    }
-    fn fail(&mut self, status: StatusCode, body: &[u8]) -> Bytes {
-        // Anthropic's own streams end in an `error` event when they break.
-        let (message, _) = openai_error(body);
-        let event = messages::error_body(messages::error_kind(status.as_u16()), &message);
-        Bytes::from(format!("event: error\ndata: {event}\n\n"))
+    match answer.plain_body() {
+        Ok(plain) => json_response(plain, StatusCode::OK, None),
+        // A success whose stream cannot be assembled is no answer for a
+        // plain request (the answer check keeps such answers out; this is
+        // its last line): a 502, never a 200 with an error body.
+        Err(error) => json_response(error, StatusCode::BAD_GATEWAY, None),
     }
 }
 
-/// The Responses translator, started at the first chunk (the response's id
-/// is made of the completion's).
-struct ResponsesRelay {
-    fp: Fingerprint,
-    echo: Option<responses::Echo>,
-    inner: Option<responses::StreamTranslator>,
+/// True once `flight`'s provider answered with a streamed success.
+pub async fn flight_streams(flight: &Flight) -> bool {
+    flight
+        .head(None)
+        .await
+        .is_some_and(|h| h.form == Form::Stream && h.status.is_success())
 }
 
-impl ResponsesRelay {
-    fn started(&mut self, chunk: &Value) -> Option<&mut responses::StreamTranslator> {
-        if self.inner.is_none() {
-            let (cid, created) = identity(chunk);
-            let id = response_id(&self.fp, cid, created);
-            let echo = self.echo.take()?;
-            self.inner = Some(responses::StreamTranslator::new(&id, created, echo));
+/// Relays a streaming flight: everything buffered so far, then live, event
+/// by event as the provider (or the translation) wrote it. The leader's
+/// call asked for usage (see `translate::chat_body`); a chat client that
+/// did not ask for it gets the stream without its usage chunk. A stream
+/// that breaks after it began ends with an error event in the asker's
+/// dialect, as providers end theirs, instead of a silent cut.
+pub fn live_response(flight: Arc<Flight>, asked: Asked) -> Response {
+    let rx = flight.subscribe();
+    let state = Relay {
+        flight,
+        rx,
+        next: 0,
+        events: 0,
+        ended: false,
+    };
+    let stream = futures_util::stream::unfold(state, move |mut s| async move {
+        if s.ended {
+            return None;
         }
-        self.inner.as_mut()
-    }
-}
-
-impl Translate for ResponsesRelay {
-    fn push(&mut self, chunk: &Value) -> Bytes {
-        match self.started(chunk) {
-            Some(t) => t.push(chunk),
-            None => Bytes::new(),
-        }
-    }
-    fn finish(&mut self) -> Bytes {
-        match self.inner.as_mut() {
-            Some(t) => t.finish(),
-            None => Bytes::new(),
-        }
-    }
-    fn fail(&mut self, _status: StatusCode, body: &[u8]) -> Bytes {
-        let (message, code) = openai_error(body);
-        match self.inner.as_mut() {
-            Some(t) => t.fail(&code, &message),
-            None => {
-                let event = json!({"type": "error", "code": code, "message": message, "param": null, "sequence_number": 0});
-                Bytes::from(format!("event: error\ndata: {event}\n\n"))
+        loop {
+            let (chunks, done) = s.flight.chunks_from(s.next);
+            if !chunks.is_empty() {
+                s.next += chunks.len();
+                let mut bytes = concat(chunks);
+                if asked.dialect == Dialect::Chat
+                    && !asked.include_usage
+                    && let Some(fewer) = crate::sse::without_usage(&bytes)
+                {
+                    bytes = fewer;
+                }
+                s.events += memchr::memmem::find_iter(&bytes, b"\n\n").count() as u64;
+                return Some((Ok::<_, Infallible>(bytes), s));
+            }
+            if let Some(answer) = done {
+                s.ended = true;
+                if answer.is_success() {
+                    return None;
+                }
+                let event = error_event(asked.dialect, &answer, s.events);
+                return Some((Ok(event), s));
+            }
+            if s.rx.changed().await.is_err() {
+                return None;
             }
         }
+    });
+    sse_response(Body::from_stream(stream))
+}
+
+/// A live relay's state.
+struct Relay {
+    flight: Arc<Flight>,
+    rx: tokio::sync::watch::Receiver<u64>,
+    /// The next chunk of the flight to hand on.
+    next: usize,
+    /// How many events were handed on (a Responses error event is numbered
+    /// after them).
+    events: u64,
+    ended: bool,
+}
+
+/// The event that tells a streaming client its answer broke off: `answer`
+/// is the failure idem wrote (an OpenAI error object).
+fn error_event(dialect: Dialect, answer: &Answer, seq: u64) -> Bytes {
+    let (message, code) = openai_error(&answer.body);
+    match dialect {
+        Dialect::Messages | Dialect::CountTokens => {
+            messages::error_event(messages::error_kind(answer.status.as_u16()), &message)
+        }
+        Dialect::Responses => crate::dialect::responses::error_event(&code, &message, seq),
+        Dialect::Chat | Dialect::Embeddings => Bytes::from(format!(
+            "data: {}\n\n",
+            String::from_utf8_lossy(&answer.body)
+        )),
     }
+}
+
+fn concat(chunks: Vec<Bytes>) -> Bytes {
+    if chunks.len() == 1 {
+        return chunks.into_iter().next().unwrap_or_default();
+    }
+    let mut buf = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+    for c in chunks {
+        buf.extend_from_slice(&c);
+    }
+    buf.freeze()
 }
 
 /// The message and code of an OpenAI error body (what idem and its
-/// dialects write).
+/// translations write).
 fn openai_error(body: &[u8]) -> (String, String) {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let e = v.get("error").unwrap_or(&Value::Null);
@@ -272,82 +163,11 @@ fn openai_error(body: &[u8]) -> (String, String) {
     )
 }
 
-/// Relays a streaming flight to a Messages or Responses asker, translating
-/// the chat chunks as they arrive. `None` for a chat asker.
-pub fn live_response(asked: Asked<'_>, fp: &Fingerprint, flight: Arc<Flight>) -> Option<Response> {
-    let translator: Box<dyn Translate> = match asked {
-        Asked::Chat { .. } => return None,
-        Asked::Messages { .. } => Box::new(messages::StreamTranslator::new()),
-        Asked::Responses(r) => Box::new(ResponsesRelay {
-            fp: *fp,
-            echo: Some(r.echo.clone()),
-            inner: None,
-        }),
-    };
-    let rx = flight.subscribe();
-    let state = Relay {
-        flight,
-        rx,
-        next: 0,
-        splitter: EventSplitter::new(),
-        translator,
-        ended: false,
-    };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
-        if s.ended {
-            return None;
-        }
-        loop {
-            let (chunks, done) = s.flight.chunks_from(s.next);
-            if !chunks.is_empty() {
-                s.next += chunks.len();
-                let mut out = BytesMut::new();
-                for c in chunks {
-                    for data in s.splitter.push(&c) {
-                        if data == "[DONE]" {
-                            out.extend_from_slice(&s.translator.finish());
-                        } else if let Ok(chunk) = serde_json::from_str::<Value>(&data) {
-                            out.extend_from_slice(&s.translator.push(&chunk));
-                        }
-                    }
-                }
-                if !out.is_empty() {
-                    return Some((Ok::<_, Infallible>(out.freeze()), s));
-                }
-                continue;
-            }
-            if let Some(answer) = done {
-                s.ended = true;
-                let last = if answer.failure.is_some() || !answer.is_success() {
-                    s.translator.fail(answer.status, &answer.body)
-                } else {
-                    // The chat stream always ends in `[DONE]`, which
-                    // finished the translation; this is a no-op then.
-                    s.translator.finish()
-                };
-                return (!last.is_empty()).then_some((Ok(last), s));
-            }
-            if s.rx.changed().await.is_err() {
-                return None;
-            }
-        }
-    });
-    Some(sse_response(Body::from_stream(stream)))
-}
-
-/// A live relay's state.
-struct Relay {
-    flight: Arc<Flight>,
-    rx: tokio::sync::watch::Receiver<u64>,
-    next: usize,
-    splitter: EventSplitter,
-    translator: Box<dyn Translate>,
-    ended: bool,
-}
-
 /// An error answer of a Messages request in Anthropic's shape
-/// (`{"type": "error", "error": {"type", "message"}}`), whatever idem or
-/// the provider wrote: the one place the Messages face's errors are made.
+/// (`{"type": "error", "error": {"type", "message"}}`): idem's own errors
+/// and those of a target of another dialect are turned into it; an
+/// Anthropic target's own error goes as Anthropic wrote it. The one place
+/// the Messages face's errors are made.
 pub async fn anthropic_error(resp: Response) -> Response {
     let status = resp.status();
     if status.is_success() {
@@ -358,6 +178,9 @@ pub async fn anthropic_error(resp: Response) -> Response {
     let bytes = axum::body::to_bytes(body, 1 << 20)
         .await
         .unwrap_or_default();
+    if messages::is_error_body(&bytes) {
+        return Response::from_parts(parts, Body::from(bytes));
+    }
     let (message, _) = openai_error(&bytes);
     let kind = messages::error_kind(status.as_u16());
     let body = messages::error_body(kind, &message).to_string();
@@ -367,9 +190,4 @@ pub async fn anthropic_error(resp: Response) -> Response {
         HeaderValue::from_static("application/json"),
     );
     Response::from_parts(parts, Body::from(body))
-}
-
-/// A 200 with a JSON body.
-fn json(v: Value) -> Response {
-    json_response(Bytes::from(v.to_string()), StatusCode::OK, None)
 }

@@ -14,11 +14,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::faces::{Asked, Wants};
-use super::openai::{content_length, decorate, render, route_chat};
+use super::faces::{Asked, render};
+use super::openai::{content_length, decorate, forwarded, route_request};
+use super::responses::ResponsesAsk;
 use super::validate::{self, ChatRequest};
 use super::{ApiPath, ApiQuery};
 use super::{AppState, Caller};
+use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint::Fingerprint;
 use crate::flight::RequestBody;
 use crate::jobs::{Intent, JobError, Resolution, job_answer, job_json};
@@ -95,16 +97,29 @@ pub async fn create(
             Some("Idempotency-Key"),
         )
     })?;
-    let bytes =
-        validate::read_body(body, content_length(&headers), caller.body_limit(&app)).await?;
-    let outer = validate::parse_object(&bytes, app.limits.max_json_depth)?;
+    let (bytes, share) = app
+        .intake
+        .read(body, content_length(&headers), caller.body_limit(&app))
+        .await?;
+    let outer = validate::parse_object(&bytes, &app.limits)?;
     let (request, metadata) = validate::job_body(outer)?;
     let req = validate::chat_request(request, &app.limits)?;
-    let (route, fp) = route_chat(&caller.live, &tenant, &req, &headers, None)?;
+    drop(share);
+    let forwarded = forwarded(Dialect::Chat, &headers);
+    let (route, fp) = route_request(
+        &caller.live,
+        &tenant,
+        Dialect::Chat,
+        &req,
+        &headers,
+        &forwarded,
+    )?;
     let intent = Intent {
+        asked: &req.body,
         request: &req.body,
+        dialect: Dialect::Chat,
+        forwarded: &forwarded,
         fp: &fp,
-        face: None,
         metadata: metadata.as_ref(),
     };
     let created = app.jobs.create(&tenant, &route, intent, &key).await?;
@@ -154,13 +169,16 @@ pub async fn create(
     Ok(resp)
 }
 
-/// A request of the chat path on its way to a job: the chat request it
-/// asks, the form its asker wants, what its face adds to the fingerprint
-/// and the payload hash, and its fingerprint.
+/// A request of the conversation path on its way to a job: the request as
+/// its client sent it, the request its attempts send, the form its asker
+/// wants, its answer-changing headers, a Responses request's turn, and its
+/// fingerprint.
 pub struct Asking {
     pub req: ChatRequest,
-    pub wants: Wants,
-    pub face: Option<Value>,
+    pub send: Arc<serde_json::Map<String, Value>>,
+    pub asked: Asked,
+    pub forwarded: Forwarded,
+    pub responses: Option<Box<ResponsesAsk>>,
     pub fp: Fingerprint,
 }
 
@@ -179,14 +197,18 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     let Asking {
         req,
-        wants,
-        face,
+        send,
+        asked,
+        forwarded,
+        responses,
         fp,
     } = asking;
     let intent = Intent {
-        request: &req.body,
+        asked: &req.body,
+        request: &send,
+        dialect: asked.dialect,
+        forwarded: &forwarded,
         fp: &fp,
-        face: face.as_ref(),
         metadata: None,
     };
     let created = app.jobs.create(tenant, route, intent, &key).await?;
@@ -226,15 +248,15 @@ pub async fn chat(
         None => Vec::new(),
     };
     let answer = Arc::new(job_answer(&job, route, &attempts));
-    if let Asked::Responses(r) = wants.asked()
+    if let Some(r) = &responses
         && r.store
         && job.state == JobState::Succeeded
     {
         let source = crate::flight::Source::Done(answer.clone());
-        super::openai::keep_response(app, tenant, &fp, r, source).await;
+        super::responses::keep(app, tenant, &fp, r, source, false).await;
     }
     let mut resp = match job.state {
-        JobState::Succeeded => render(&answer, wants.asked(), &fp),
+        JobState::Succeeded => render(&answer, asked),
         JobState::Cancelled => ApiError::Conflict {
             message: "the job for this Idempotency-Key was cancelled".into(),
             code: "job_cancelled",
@@ -272,7 +294,7 @@ pub async fn chat(
         count: (!new).then_some(Count::Answered(outcome)),
         line: Some(Line {
             fp,
-            endpoint: wants.face.as_str(),
+            endpoint: asked.dialect.as_str(),
             outcome: outcome.as_str(),
             status: resp.status().as_u16(),
             started,

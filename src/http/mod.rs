@@ -1,8 +1,8 @@
 //! The HTTP surface: the router, the shared state handlers see, and the
 //! caller's identity. Handlers live in one file per area: `openai` (the
-//! chat path and its faces, whose shapes `faces` renders; models),
-//! `embeddings`, `responses` (stored responses), `jobs` (the jobs API),
-//! `tokens` (Anthropic's token count), `ops` (health, metrics, stats),
+//! conversation path of every dialect, whose answers `faces` renders;
+//! models), `embeddings`, `responses` (stored responses), `jobs` (the jobs
+//! API), `ops` (health, metrics, stats),
 //! `admin` (certification, routes, jobs across tenants), `ui` (the
 //! dashboard page); `server` is the accept loop, `error` renders every
 //! failure, `validate` checks bodies.
@@ -11,12 +11,12 @@ pub mod admin;
 pub mod embeddings;
 pub mod error;
 pub mod faces;
+pub mod intake;
 pub mod jobs;
 pub mod openai;
 pub mod ops;
 pub mod responses;
 pub mod server;
-pub mod tokens;
 pub mod ui;
 pub mod validate;
 
@@ -30,6 +30,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::dialect::Dialect;
 use crate::jobs::Jobs;
 use crate::live::{Live, LiveConfig};
 use crate::metrics::Metrics;
@@ -37,7 +38,6 @@ use crate::store::Store;
 use crate::task::Core;
 use crate::tenants::Principal;
 use error::ApiError;
-use faces::Face;
 use validate::Limits;
 
 /// Everything a handler may use: cheap handles, no global lock.
@@ -52,10 +52,12 @@ pub struct Shared {
     pub store: Arc<dyn Store>,
     pub jobs: Arc<Jobs>,
     pub limits: Limits,
+    /// Request bodies being read and parsed at once, bounded together.
+    pub intake: intake::Intake,
     /// The last hour at 10-second resolution, for the dashboard.
     pub timeline: crate::timeline::Timeline,
     /// The responses kept a moment ago (`store: true`): written once a wave.
-    pub kept: responses::Kept,
+    pub kept: crate::conversations::Kept,
 }
 
 /// The job workers see the gateway through its handles only.
@@ -250,11 +252,17 @@ where
 /// The router of one gateway.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(openai::ChatPath(Face::Chat)))
-        .route("/chat/completions", post(openai::ChatPath(Face::Chat)))
-        .route("/v1/messages", post(openai::ChatPath(Face::Messages)))
-        .route("/v1/messages/count_tokens", post(tokens::count_tokens))
-        .route("/v1/responses", post(openai::ChatPath(Face::Responses)))
+        .route(
+            "/v1/chat/completions",
+            post(openai::ChatPath(Dialect::Chat)),
+        )
+        .route("/chat/completions", post(openai::ChatPath(Dialect::Chat)))
+        .route("/v1/messages", post(openai::ChatPath(Dialect::Messages)))
+        .route(
+            "/v1/messages/count_tokens",
+            post(openai::ChatPath(Dialect::CountTokens)),
+        )
+        .route("/v1/responses", post(openai::ChatPath(Dialect::Responses)))
         .route(
             "/v1/responses/{id}",
             get(responses::get).delete(responses::delete),
@@ -274,6 +282,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/jobs", get(admin::jobs))
         .route("/v1/admin/jobs/{id}", get(admin::job))
         .route("/v1/admin/timeline", get(admin::timeline))
+        // Claude Code sends `HEAD /` to warm its connection first.
+        .route("/", get(|| async { "idem" }))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
@@ -283,11 +293,13 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn not_found(State(_): State<AppState>) -> ApiError {
+async fn not_found(State(_): State<AppState>, uri: axum::http::Uri) -> ApiError {
+    tracing::debug!(target: "idem::refused", path = uri.path(), "no such endpoint");
     ApiError::NotFound("route")
 }
 
-async fn method_not_allowed() -> Response {
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    tracing::debug!(target: "idem::refused", %method, path = uri.path(), "method not allowed");
     let body = error::error_body(
         "method not allowed",
         "invalid_request_error",

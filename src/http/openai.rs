@@ -1,17 +1,16 @@
-//! The chat path's endpoints: `POST /v1/chat/completions`, and its other
-//! faces `POST /v1/messages` and `POST /v1/responses` ([`super::faces`]);
-//! and `GET /v1/models`.
+//! The conversation path's endpoints: `POST /v1/chat/completions`,
+//! `POST /v1/messages` (and its token count) and `POST /v1/responses`, one
+//! handler for every dialect; and `GET /v1/models`.
 //!
 //! The handler is the request path (docs/design.md, "The request path"), one
 //! stage per line: auth -> parse & validate -> route -> [Idempotency-Key?
 //! -> job] -> fingerprint -> the core ([`Core::obtain`]: cache -> targets
 //! -> flight -> provider). This file turns the request into the core's
-//! [`Task`] and its [`Delivery`] into an HTTP answer in the form the client
-//! asked for.
+//! [`Task`], in its own dialect, and its [`Delivery`] into an HTTP answer
+//! in the form the client asked for ([`super::faces`]).
 //!
 //! [`Core::obtain`]: crate::task::Core::obtain
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,24 +22,23 @@ use axum::extract::Request;
 use axum::handler::Handler;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::future::Either;
 use futures_util::{FutureExt, TryFutureExt};
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
-use super::faces::{self, Asked, Face, ResponsesAsk, Wants};
+use super::faces::{self, Asked};
+use super::responses::ResponsesAsk;
 use super::validate::{self, ChatRequest};
 use super::{AppState, Caller};
-use crate::answer::{Answer, Form};
-use crate::endpoints::chat::CHAT;
+use crate::answer::Answer;
+use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint::{self, Fingerprint};
-use crate::flight::{Delivery, Flight, RequestBody, Source};
+use crate::flight::{Delivery, RequestBody, Source};
 use crate::live::Live;
 use crate::outcome::Outcome;
-use crate::providers::Endpoint;
 use crate::routes::{Route, Routes};
-use crate::shapes::{messages, responses};
 use crate::task::{CachePolicy, Count, Finish, Line, Task, TaskError};
 use crate::telemetry::{self, Attribute, Trace, attr};
 
@@ -52,12 +50,13 @@ pub const IDEM_WAIT: HeaderName = HeaderName::from_static("idem-wait-ms");
 pub const IDEM_STALE: HeaderName = HeaderName::from_static("idem-stale");
 pub const IDEM_USER: &str = "idem-user";
 
-/// `POST /v1/chat/completions`: an axum [`Handler`] of its own rather than
-/// an `async fn` with extractors. axum's wrapper for those keeps the
-/// request's parts (its header map, URI, extensions) in the boxed future
-/// until the handler returns, which for a coalesced follower is after its
-/// whole wait; here the header map goes to [`admit`] and is dropped with
-/// it, and the rest at once.
+/// `POST /v1/chat/completions`, `/v1/messages`, `/v1/messages/count_tokens`
+/// and `/v1/responses`: an axum [`Handler`] of its own rather than an
+/// `async fn` with extractors. axum's wrapper for those keeps the request's
+/// parts (its header map, URI, extensions) in the boxed future until the
+/// handler returns, which for a coalesced follower is after its whole
+/// wait; here the header map goes to [`admit`] and is dropped with it, and
+/// the rest at once.
 ///
 /// Two futures, one after the other: [`admit`] reads the request, and only
 /// what it hands on lives in [`coalesce`], where a follower may wait a
@@ -65,10 +64,10 @@ pub const IDEM_USER: &str = "idem-user";
 /// stream) would stay in every waiting request's state. The boxed future
 /// fits jemalloc's 1,024-byte size class (a unit test keeps it there).
 ///
-/// One handler serves each face of the chat path ([`Face`]): the face says
-/// how the request is read and the answer (or error) rendered.
+/// One handler serves each dialect: the dialect says how the request is
+/// read and checked; its answer comes back in the same dialect.
 #[derive(Clone, Copy)]
-pub struct ChatPath(pub Face);
+pub struct ChatPath(pub Dialect);
 
 /// The [`Handler`] marker of [`ChatPath`].
 pub enum OwnHandler {}
@@ -77,15 +76,21 @@ impl Handler<OwnHandler, AppState> for ChatPath {
     type Future = Pin<Box<dyn Future<Output = Response> + Send>>;
 
     fn call(self, req: Request, app: AppState) -> Self::Future {
-        let face = self.0;
-        let handled = chat_completions(app, req, face).map(|r| r.unwrap_or_else(refusal_response));
-        if face == Face::Messages {
+        let dialect = self.0;
+        let handled = conversation(app, req, dialect).map(|r| r.unwrap_or_else(refusal_response));
+        if is_anthropic(dialect) {
             // Anthropic's clients read Anthropic's error shape.
             Box::pin(handled.then(faces::anthropic_error))
         } else {
             Box::pin(handled)
         }
     }
+}
+
+/// True for the dialects of Anthropic's clients: their key may come as
+/// `x-api-key`, and their errors go in Anthropic's shape.
+fn is_anthropic(dialect: Dialect) -> bool {
+    matches!(dialect, Dialect::Messages | Dialect::CountTokens)
 }
 
 /// An error of idem's own as the client gets it. Its `Idem-Outcome` says
@@ -101,13 +106,13 @@ fn refusal_response(e: ApiError) -> Response {
     resp
 }
 
-fn chat_completions(
+fn conversation(
     app: AppState,
     req: Request,
-    face: Face,
+    dialect: Dialect,
 ) -> impl Future<Output = Result<Response, ApiError>> {
     let (parts, body) = req.into_parts();
-    let authenticated = if face == Face::Messages {
+    let authenticated = if is_anthropic(dialect) {
         Caller::authenticate_anthropic(&parts.headers, &app)
     } else {
         Caller::authenticate(&parts.headers, &app)
@@ -120,12 +125,12 @@ fn chat_completions(
         let e = refused(&app, caller.tenant_name(), None, e);
         return Either::Left(std::future::ready(Err(e)));
     }
-    Either::Right(admit(app, caller, parts.headers, body, face).and_then(
-        |admitted| match admitted {
+    Either::Right(
+        admit(app, caller, parts.headers, body, dialect).and_then(|admitted| match admitted {
             Admitted::Answered(resp) => Either::Left(std::future::ready(Ok(resp))),
             Admitted::Coalesce(request) => Either::Right(coalesce(request)),
-        },
-    ))
+        }),
+    )
 }
 
 /// What [`admit`] found a chat request to need.
@@ -136,7 +141,7 @@ enum Admitted {
     Coalesce(Admission),
 }
 
-/// A chat request read, validated, routed and fingerprinted: all that
+/// A request read, validated, routed and fingerprinted: all that
 /// [`coalesce`] needs of it.
 struct Admission {
     app: AppState,
@@ -145,14 +150,33 @@ struct Admission {
     fp: Fingerprint,
     body: RequestBody,
     policy: CachePolicy,
-    /// The face it came in by and the form it wants (with `rare`).
-    face: Face,
-    stream: bool,
-    include_usage: bool,
-    started: Instant,
+    /// The dialect it came in and the form it wants.
+    asked: Asked,
+    /// When it arrived (8 bytes: a waiting request's state stays within
+    /// its allocation class, see the test below).
+    started: Since,
     /// What few requests have, boxed: a waiting request's state stays
     /// within its allocation class (see the test below).
     rare: Option<Box<Rare>>,
+}
+
+/// An instant as nanoseconds since the process's first one: half the size
+/// of an `Instant`.
+#[derive(Clone, Copy)]
+struct Since(u64);
+
+/// The instant every [`Since`] counts from.
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+impl Since {
+    fn of(at: Instant) -> Since {
+        let nanos = at.saturating_duration_since(*EPOCH).as_nanos();
+        Since(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    fn instant(self) -> Instant {
+        *EPOCH + Duration::from_nanos(self.0)
+    }
 }
 
 /// The parts of an [`Admission`] most requests do not have.
@@ -170,7 +194,7 @@ impl Admission {
             route: &self.route,
             fp: self.fp,
             body: &self.body,
-            wire: &CHAT,
+            wire: crate::endpoints::wire(self.asked.dialect),
             policy: self.policy,
             trace: self.trace(),
         }
@@ -180,9 +204,8 @@ impl Admission {
         self.rare.as_ref()?.trace.as_ref()
     }
 
-    fn asked(&self) -> Asked<'_> {
-        let responses = self.rare.as_ref().and_then(|r| r.responses.as_deref());
-        faces::asked(self.face, self.stream, self.include_usage, responses)
+    fn responses(&self) -> Option<&ResponsesAsk> {
+        self.rare.as_ref()?.responses.as_deref()
     }
 }
 
@@ -214,40 +237,58 @@ async fn admit(
     caller: Caller,
     headers: HeaderMap,
     body: Body,
-    face: Face,
+    dialect: Dialect,
 ) -> Result<Admitted, ApiError> {
     let started = Instant::now();
     let tenant = caller.tenant().map_err(|e| refused(&app, None, None, e))?;
     let Read {
         req,
         raw,
-        wants,
-        face_doc,
-    } = read_request(&app, &tenant, &headers, body, caller.body_limit(&app), face)
-        .await
-        .map_err(|e| refused(&app, Some(&tenant), None, e))?;
-    let trace = request_trace(&app, face.as_str(), &req.model, &headers);
-    let (route, fp) = match route_chat(&caller.live, &tenant, &req, &headers, face_doc.as_ref()) {
-        Ok(routed) => routed,
-        Err(e) => {
-            // Counted under the route when the model names one.
-            let route = caller.live.route(&req.model).map(|r| r.name.clone());
-            return Err(refused(&app, Some(&tenant), route.as_ref(), e));
-        }
+        responses,
+        send,
+    } = read_request(
+        &app,
+        &tenant,
+        &headers,
+        body,
+        caller.body_limit(&app),
+        dialect,
+    )
+    .await
+    .map_err(|e| refused(&app, Some(&tenant), None, e))?;
+    let trace = request_trace(&app, dialect.as_str(), &req.model, &headers);
+    let forwarded = forwarded(dialect, &headers);
+    let (route, fp) =
+        match route_request(&caller.live, &tenant, dialect, &req, &headers, &forwarded) {
+            Ok(routed) => routed,
+            Err(e) => {
+                // Counted under the route when the model names one.
+                let route = caller.live.route(&req.model).map(|r| r.name.clone());
+                return Err(refused(&app, Some(&tenant), route.as_ref(), e));
+            }
+        };
+    let asked = Asked {
+        dialect,
+        stream: req.stream,
+        include_usage: req.include_usage,
     };
     let key = super::jobs::idempotency_key(&headers)
         .map_err(|e| refused(&app, Some(&tenant), Some(&route.name), e))?;
     if let Some(key) = key {
-        // Boxed: the job path's state would otherwise enlarge every chat
+        // Boxed: the job path's state would otherwise enlarge every
         // request's future, coalesced followers' included.
         let job = Box::pin(super::jobs::chat(
             &app,
             &tenant,
             &route,
             super::jobs::Asking {
+                send: send
+                    .map(|s| Arc::new(*s))
+                    .unwrap_or_else(|| req.body.clone()),
                 req,
-                wants,
-                face: face_doc,
+                asked,
+                forwarded,
+                responses,
                 fp,
             },
             key,
@@ -259,150 +300,88 @@ async fn admit(
             Err(e) => Err(refused(&app, Some(&tenant), Some(&route.name), e)),
         };
     }
+    let body = match (send, raw) {
+        // A Responses request that continues a stored one is sent with the
+        // conversation spelled out: no bytes of its own to parse again.
+        (Some(send), _) => RequestBody::kept(Arc::new(*send)),
+        // A follower lets the parse go while it waits (see `RequestBody`).
+        (None, Some(raw)) => RequestBody::from_bytes(req.body, raw),
+        (None, None) => RequestBody::kept(req.body),
+    };
     Ok(Admitted::Coalesce(Admission {
         policy: cache_policy(&headers),
-        body: match raw {
-            // A follower lets the parse go while it waits (see `RequestBody`).
-            Some(raw) => RequestBody::from_bytes(req.body, raw),
-            // A translated request has no bytes of its own to parse again.
-            None => RequestBody::kept(req.body),
-        },
+        body: body.with_forwarded(forwarded),
         app,
         tenant,
         route,
         fp,
-        face: wants.face,
-        stream: wants.stream,
-        include_usage: wants.include_usage,
-        started,
-        rare: (trace.is_some() || wants.responses.is_some()).then(|| {
-            Box::new(Rare {
-                trace,
-                responses: wants.responses,
-            })
-        }),
+        asked,
+        started: Since::of(started),
+        rare: (trace.is_some() || responses.is_some()).then(|| Box::new(Rare { trace, responses })),
     }))
 }
 
-/// A request of any face, read and checked as the chat request it asks.
-struct Read {
-    req: ChatRequest,
-    /// The bytes a chat request was parsed from (None: translated).
-    raw: Option<Bytes>,
-    wants: Wants,
-    /// What the face adds to the fingerprint (None: chat completions).
-    face_doc: Option<serde_json::Value>,
+/// The client's headers that change the answer in `dialect`.
+pub fn forwarded(dialect: Dialect, headers: &HeaderMap) -> Forwarded {
+    Forwarded::read(dialect, |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect()
+    })
 }
 
-/// Reads and checks a request of `face`: a chat request as sent, or a
-/// Messages or Responses request translated into one (a Responses request
-/// that continues a stored one gets its earlier turns from the store).
+/// A request of any dialect, read and checked.
+struct Read {
+    req: ChatRequest,
+    /// The bytes it was parsed from.
+    raw: Option<Bytes>,
+    /// What a Responses request adds.
+    responses: Option<Box<ResponsesAsk>>,
+    /// What is sent instead of the request as it came: a Responses request
+    /// that continues a stored one, the conversation spelled out.
+    send: Option<Box<Map<String, Value>>>,
+}
+
+/// Reads and checks a request of `dialect` (a Responses request that
+/// continues a stored one gets its earlier turns from the store).
 async fn read_request(
     app: &AppState,
     tenant: &str,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
-    face: Face,
+    dialect: Dialect,
 ) -> Result<Read, ApiError> {
-    let bytes = validate::read_body(body, content_length(headers), limit).await?;
-    let object = validate::parse_object(&bytes, app.limits.max_json_depth)?;
-    match face {
-        Face::Chat => {
-            let req = validate::chat_request(object, &app.limits)?;
-            Ok(Read {
-                wants: Wants {
-                    face,
-                    stream: req.stream,
-                    include_usage: req.include_usage,
-                    responses: None,
-                },
-                req,
-                raw: Some(bytes),
-                face_doc: None,
-            })
-        }
-        Face::Messages => {
-            let mut translated = messages::to_chat(&object)?;
-            // Kept for Anthropic targets, which get it as sent.
-            translated
-                .chat
-                .insert(messages::ORIGINAL.into(), messages::original(&object));
-            let req = validate::chat_request(translated.chat, &app.limits)?;
-            Ok(Read {
-                wants: Wants {
-                    face,
-                    stream: req.stream,
-                    include_usage: false,
-                    responses: None,
-                },
-                req,
-                raw: None,
-                face_doc: Some(json!({"face": "messages"})),
-            })
-        }
-        Face::Responses => {
-            let previous = match object.get("previous_response_id") {
-                None | Some(serde_json::Value::Null) => None,
-                Some(serde_json::Value::String(id)) => Some(id.clone()),
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        "`previous_response_id` must be a string",
-                        "invalid_type",
-                        Some("previous_response_id"),
-                    ));
-                }
-            };
-            let history = match &previous {
-                None => Vec::new(),
-                Some(id) => previous_turns(app, tenant, id).await?,
-            };
-            let mut translated = responses::to_chat(&object, &history)?;
-            // Kept for providers that speak the Responses API.
-            translated.chat.insert(
-                responses::ORIGINAL.into(),
-                responses::native(&object, &history),
-            );
-            let store = translated.store.unwrap_or(true);
-            let mut turns = history;
-            turns.extend(translated.turns);
-            let req = validate::chat_request(translated.chat, &app.limits)?;
-            Ok(Read {
-                wants: Wants {
-                    face,
-                    stream: req.stream,
-                    include_usage: false,
-                    responses: Some(Box::new(ResponsesAsk {
-                        stream: req.stream,
-                        echo: responses::Echo::of(&object),
-                        store,
-                        turns,
-                    })),
-                },
-                req,
-                raw: None,
-                face_doc: Some(json!({"face": "responses", "previous_response_id": previous})),
-            })
-        }
-    }
-}
-
-/// The conversation a stored response continues, as chat messages: 404
-/// when this tenant kept none by that id (another tenant's included).
-async fn previous_turns(
-    app: &AppState,
-    tenant: &str,
-    id: &str,
-) -> Result<Vec<serde_json::Value>, ApiError> {
-    let Some(kept) = app.store.response(tenant, id).await? else {
-        return Err(ApiError::NotFound("previous response"));
+    // The body's share of the intake is held until it is read, parsed and
+    // checked (its conversation spelled out, for a Responses request).
+    let (bytes, share) = app
+        .intake
+        .read(body, content_length(headers), limit)
+        .await?;
+    let object = validate::parse_object(&bytes, &app.limits)?;
+    let req = match dialect {
+        Dialect::Chat | Dialect::Embeddings => validate::chat_request(object, &app.limits)?,
+        Dialect::Messages => validate::messages_request(object, false, &app.limits)?,
+        Dialect::CountTokens => validate::messages_request(object, true, &app.limits)?,
+        Dialect::Responses => validate::responses_request(object, &app.limits)?,
     };
-    match serde_json::from_str(&kept.turns) {
-        Ok(serde_json::Value::Array(turns)) => Ok(turns),
-        _ => Err(ApiError::Internal(anyhow::anyhow!(
-            "stored response {id} has unreadable turns"
-        ))),
-    }
+    let (responses, send) = match dialect {
+        Dialect::Responses => {
+            // Boxed: only these requests carry its state.
+            let (ask, send) = Box::pin(super::responses::continued(app, tenant, &req.body)).await?;
+            (Some(Box::new(ask)), send.map(Box::new))
+        }
+        _ => (None, None),
+    };
+    drop(share);
+    Ok(Read {
+        req,
+        raw: Some(bytes),
+        responses,
+        send,
+    })
 }
 
 /// A request's span, when traces are on: `{operation} {model}`, under the
@@ -445,20 +424,21 @@ fn coalesce(a: Admission) -> impl Future<Output = Result<Response, ApiError>> {
 async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Response, ApiError> {
     let (resp, count, source) = match obtained {
         Ok(delivery) => {
-            if let Asked::Responses(r) = a.asked()
+            if let Some(r) = a.responses()
                 && r.store
             {
                 // Boxed: only these requests carry its state.
-                Box::pin(keep_response(
+                Box::pin(super::responses::keep(
                     &a.app,
                     &a.tenant,
                     &a.fp,
                     r,
                     delivery.source.clone(),
+                    a.asked.stream,
                 ))
                 .await;
             }
-            let resp = respond(&delivery, &a.fp, a.asked()).await;
+            let resp = respond(&delivery, &a.fp, a.asked).await;
             (
                 resp,
                 Count::Answered(delivery.outcome),
@@ -485,10 +465,10 @@ async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Re
         count: Some(count),
         line: Some(Line {
             fp: a.fp,
-            endpoint: a.face.as_str(),
+            endpoint: a.asked.dialect.as_str(),
             outcome,
             status: resp.status().as_u16(),
-            started: a.started,
+            started: a.started.instant(),
             job: None,
             body: Some(&a.body),
             answer: source,
@@ -502,76 +482,15 @@ async fn reply(a: Admission, obtained: Result<Delivery, TaskError>) -> Result<Re
     Ok(resp)
 }
 
-/// Keeps a Responses answer (`store: true`) once it is whole. A plain
-/// answer is kept before the client gets it, so that a `GET` (or a
-/// continuation) right after finds it; a streamed one beside its relay, as
-/// it ends.
-pub async fn keep_response(
-    app: &AppState,
-    tenant: &Arc<str>,
-    fp: &Fingerprint,
-    asked: &ResponsesAsk,
-    source: Source,
-) {
-    let keeping = keeping(app, tenant, fp, asked, source);
-    if asked.stream {
-        tokio::spawn(keeping);
-    } else {
-        keeping.await;
-    }
-}
-
-fn keeping(
-    app: &AppState,
-    tenant: &Arc<str>,
-    fp: &Fingerprint,
-    asked: &ResponsesAsk,
-    source: Source,
-) -> impl Future<Output = ()> + Send + 'static {
-    let app = app.clone();
-    let tenant = tenant.to_string();
-    let fp = *fp;
-    let echo = asked.echo.clone();
-    let turns = asked.turns.clone();
-    async move {
-        let answer = match source {
-            Source::Done(a) => a,
-            Source::Live(f) => match f.done(None).await {
-                Some(a) => a,
-                None => return,
-            },
-        };
-        let asked = ResponsesAsk {
-            stream: false,
-            echo,
-            store: true,
-            turns,
-        };
-        let Some((id, body, turns)) = faces::stored(&asked, &fp, &answer) else {
-            return;
-        };
-        let kept = crate::store::StoredResponse {
-            tenant,
-            id,
-            body: body.to_string(),
-            turns: serde_json::Value::Array(turns).to_string(),
-            created_at: crate::store::now_ms(),
-        };
-        if let Err(e) = app.kept.keep(&*app.store, &kept).await {
-            tracing::warn!(error = %e, response = %kept.id, "cannot keep a stored response");
-        }
-    }
-}
-
 /// The 404 for a model no route serves, listing the models that serve
-/// `endpoint` (every tenant may use every route).
-pub fn unknown_model(routes: &Routes, model: &str, endpoint: Endpoint) -> ApiError {
+/// `dialect` (every tenant may use every route).
+pub fn unknown_model(routes: &Routes, model: &str, dialect: Dialect) -> ApiError {
     ApiError::ModelNotFound {
         model: model.to_string(),
         available: Some(
             routes
                 .iter()
-                .filter(|r| r.serves(endpoint))
+                .filter(|r| r.serves(dialect))
                 .map(|r| r.name.to_string())
                 .collect(),
         ),
@@ -593,25 +512,27 @@ pub fn content_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// A checked chat request's route (one that serves chat completions) and
-/// its fingerprint under the route's rules, with what its face adds: the
-/// stage the plain path and the jobs API share.
-pub fn route_chat(
+/// A checked request's route (one that serves its dialect) and its
+/// fingerprint under the route's rules, with its dialect and the headers
+/// that change its answer: the stage every face and the jobs API share.
+pub fn route_request(
     live: &Live,
     tenant: &str,
+    dialect: Dialect,
     req: &ChatRequest,
     headers: &HeaderMap,
-    face: Option<&serde_json::Value>,
+    forwarded: &Forwarded,
 ) -> Result<(Arc<Route>, Fingerprint), ApiError> {
     let Some(route) = live.route(&req.model) else {
-        return Err(unknown_model(&live.routes, &req.model, Endpoint::Chat));
+        return Err(unknown_model(&live.routes, &req.model, dialect));
     };
-    if !route.serves(Endpoint::Chat) {
-        return Err(not_served(&req.model, "chat completions"));
+    if !route.serves(dialect) {
+        return Err(not_served(&req.model, dialect.as_str()));
     }
     let user = headers.get(IDEM_USER).and_then(|v| v.to_str().ok());
     let rules = fingerprint::Rules {
-        face,
+        dialect,
+        headers: forwarded,
         ..route.rules(tenant)
     };
     let fp = fingerprint::fingerprint(&req.body, user, &rules);
@@ -641,16 +562,12 @@ pub fn cache_policy(headers: &HeaderMap) -> CachePolicy {
 }
 
 /// Turns a delivery into the HTTP answer the client asked for.
-pub async fn respond(d: &Delivery, fp: &Fingerprint, asked: Asked<'_>) -> Response {
+pub async fn respond(d: &Delivery, fp: &Fingerprint, asked: Asked) -> Response {
     let mut resp = match &d.source {
-        Source::Live(flight) if asked.stream() && flight_streams(flight).await => match asked {
-            Asked::Chat { include_usage, .. } => live_response(flight.clone(), include_usage),
-            _ => match faces::live_response(asked, fp, flight.clone()) {
-                Some(r) => r,
-                None => render(&*d.answer().await, asked, fp),
-            },
-        },
-        _ => render(&*d.answer().await, asked, fp),
+        Source::Live(flight) if asked.stream && faces::flight_streams(flight).await => {
+            faces::live_response(flight.clone(), asked)
+        }
+        _ => faces::render(&*d.answer().await, asked),
     };
     let answer = match &d.source {
         Source::Done(a) => Some(a.clone()),
@@ -673,13 +590,6 @@ pub async fn respond(d: &Delivery, fp: &Fingerprint, asked: Asked<'_>) -> Respon
     resp
 }
 
-async fn flight_streams(flight: &Flight) -> bool {
-    flight
-        .head(None)
-        .await
-        .is_some_and(|h| h.form == Form::Stream && h.status.is_success())
-}
-
 /// The `Idem-*` headers every chat completion answer carries.
 pub fn decorate(h: &mut HeaderMap, outcome: Outcome, fp: &Fingerprint, answer: Option<&Answer>) {
     h.insert(IDEM_OUTCOME, HeaderValue::from_static(outcome.as_str()));
@@ -696,46 +606,6 @@ pub fn decorate(h: &mut HeaderMap, outcome: Outcome, fp: &Fingerprint, answer: O
                 HeaderValue::from(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
             );
         }
-    }
-}
-
-/// A finished answer in the form and shape the asker wants.
-pub fn render(answer: &Answer, asked: Asked<'_>, fp: &Fingerprint) -> Response {
-    if !answer.is_success() {
-        // Errors are JSON whatever the client asked for, as OpenAI does
-        // (the Messages face gives them Anthropic's shape on the way out).
-        return json_response(answer.body.clone(), answer.status, answer.retry_after);
-    }
-    let Asked::Chat {
-        stream: wants_stream,
-        include_usage,
-    } = asked
-    else {
-        return faces::render_success(asked, fp, answer).unwrap_or_else(|| {
-            json_response(
-                Bytes::from(
-                    crate::answer::error_body(
-                        "the upstream answer is not a chat completion",
-                        "upstream_error",
-                        "bad_upstream_answer",
-                        None,
-                    )
-                    .to_string(),
-                ),
-                StatusCode::BAD_GATEWAY,
-                None,
-            )
-        });
-    };
-    if wants_stream {
-        return sse_response(Body::from(answer.stream_body(include_usage)));
-    }
-    match answer.plain_body() {
-        Ok(plain) => json_response(plain, StatusCode::OK, None),
-        // A success whose stream cannot be assembled is no answer for a
-        // plain request (the completion check keeps such answers out; this
-        // is its last line): a 502, never a 200 with an error body.
-        Err(error) => json_response(error, StatusCode::BAD_GATEWAY, None),
     }
 }
 
@@ -768,59 +638,6 @@ pub(super) fn sse_response(body: Body) -> Response {
     r
 }
 
-/// Relays a streaming flight: everything buffered so far, then live. The
-/// leader's call asked the provider for usage (see `endpoints::chat`); a
-/// client that did not ask for it gets the stream without its usage chunk.
-fn live_response(flight: Arc<Flight>, include_usage: bool) -> Response {
-    let rx = flight.subscribe();
-    let stream = futures_util::stream::unfold(
-        (flight, rx, 0usize, false),
-        move |(flight, mut rx, next, ended)| async move {
-            if ended {
-                return None;
-            }
-            loop {
-                let (chunks, done) = flight.chunks_from(next);
-                if !chunks.is_empty() {
-                    let n = chunks.len();
-                    let mut bytes = concat(chunks);
-                    if !include_usage && let Some(fewer) = crate::sse::without_usage(&bytes) {
-                        bytes = fewer;
-                    }
-                    return Some((Ok::<_, Infallible>(bytes), (flight, rx, next + n, false)));
-                }
-                if let Some(answer) = done {
-                    if answer.failure.is_some() {
-                        // The stream broke after it began: tell the client in
-                        // the stream, as providers do, instead of a silent cut.
-                        let event = Bytes::from(format!(
-                            "data: {}\n\n",
-                            String::from_utf8_lossy(&answer.body)
-                        ));
-                        return Some((Ok(event), (flight, rx, next, true)));
-                    }
-                    return None;
-                }
-                if rx.changed().await.is_err() {
-                    return None;
-                }
-            }
-        },
-    );
-    sse_response(Body::from_stream(stream))
-}
-
-fn concat(chunks: Vec<Bytes>) -> Bytes {
-    if chunks.len() == 1 {
-        return chunks.into_iter().next().unwrap_or_default();
-    }
-    let mut buf = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
-    for c in chunks {
-        buf.extend_from_slice(&c);
-    }
-    buf.freeze()
-}
-
 /// `GET /v1/models`: the routes' public model names, each with the
 /// endpoints it serves (`chat.completions`, `messages`, `responses`,
 /// `embeddings`).
@@ -831,16 +648,14 @@ pub async fn models(caller: Caller) -> Result<Json<serde_json::Value>, ApiError>
         .routes
         .iter()
         .map(|r| {
-            // The Messages and Responses faces run the chat path: a route
-            // that serves chat completions serves them too.
             let endpoints: Vec<&str> = [
-                (Endpoint::Chat, "chat.completions"),
-                (Endpoint::Chat, "messages"),
-                (Endpoint::Chat, "responses"),
-                (Endpoint::Embeddings, "embeddings"),
+                (Dialect::Chat, "chat.completions"),
+                (Dialect::Messages, "messages"),
+                (Dialect::Responses, "responses"),
+                (Dialect::Embeddings, "embeddings"),
             ]
             .into_iter()
-            .filter(|(e, _)| r.serves(*e))
+            .filter(|(d, _)| r.serves(*d))
             .map(|(_, name)| name)
             .collect();
             json!({"id": r.name.as_ref(), "object": "model", "created": 0, "owned_by": "idem", "endpoints": endpoints})
@@ -868,7 +683,7 @@ mod tests {
     #[test]
     fn a_chat_requests_boxed_future_fits_in_1024_bytes() {
         let boxed = future_size(&|app: AppState, req: Request| {
-            chat_completions(app, req, Face::Chat).map(|r| r.unwrap_or_else(refusal_response))
+            conversation(app, req, Dialect::Chat).map(|r| r.unwrap_or_else(refusal_response))
         });
         assert!(boxed <= 1024, "the chat handler's future is {boxed} bytes");
     }

@@ -80,6 +80,13 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests one HTTP/2 connection may have in progress at once (hyper's
 /// default; a client with more opens more connections).
 const MAX_STREAMS_PER_CONNECTION: u32 = 200;
+
+/// The largest request head (request line and headers) a client may send:
+/// 32 KiB, nginx's largest default (`large_client_header_buffers 4 8k`).
+/// Past it an HTTP/1.1 request gets a 431 and its connection closes; an
+/// HTTP/2 request's header list is refused the same way. (It is also
+/// HTTP/1.1's read buffer: a body arrives in reads of at most this.)
+pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 /// How often an HTTP/2 connection is pinged, and how long the answer may
 /// take before the connection counts as dead and is closed (HTTP/2 has no
 /// per-request idle timeout to find a peer that vanished).
@@ -167,10 +174,12 @@ pub async fn serve(
     let mut h1 = http1::Builder::new();
     h1.half_close(true)
         .timer(TokioTimer::new())
-        .header_read_timeout(bounds.head_timeout);
+        .header_read_timeout(bounds.head_timeout)
+        .max_buf_size(MAX_HEAD_BYTES);
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .max_header_list_size(MAX_HEAD_BYTES as u32)
         .keep_alive_interval(HTTP2_PING_INTERVAL)
         .keep_alive_timeout(HTTP2_PING_TIMEOUT);
     let common = Arc::new(Common {
@@ -373,12 +382,27 @@ impl tower::Service<hyper::Request<Incoming>> for Requests {
     }
 
     fn call(&mut self, req: hyper::Request<Incoming>) -> Deadlined {
+        // hyper stops reading a head at about twice its buffer; the cap
+        // itself is exact here.
+        if head_bytes(&req) > MAX_HEAD_BYTES {
+            return Deadlined {
+                answer: None,
+                ready: Some(
+                    ApiError::HeadTooLarge {
+                        limit: MAX_HEAD_BYTES,
+                    }
+                    .into_response(),
+                ),
+                clock: None,
+            };
+        }
         let mut router = CatchPanicLayer::custom(PanicAnswer).layer(self.0.router.clone());
         // A request without a body (or whose body is all in) has nothing to
         // wait for: no clock.
         if req.body().is_end_stream() {
             return Deadlined {
-                answer: router.call(req.map(Body::new)),
+                answer: Some(router.call(req.map(Body::new))),
+                ready: None,
                 clock: None,
             };
         }
@@ -396,10 +420,24 @@ impl tower::Service<hyper::Request<Incoming>> for Requests {
             })
         });
         Deadlined {
-            answer: router.call(req),
+            answer: Some(router.call(req)),
+            ready: None,
             clock: Some(clock),
         }
     }
+}
+
+/// The size of a request's head as the client sent it (about: the request
+/// line and each header's name, value and separators).
+fn head_bytes<B>(req: &hyper::Request<B>) -> usize {
+    let uri = req.uri();
+    let line = req.method().as_str().len()
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.path_and_query().map_or(0, |p| p.as_str().len())
+        + 12;
+    req.headers().iter().fold(line, |n, (name, value)| {
+        n + name.as_str().len() + value.len() + 4
+    })
 }
 
 /// The answer to a request whose handler panicked: a 500 with an OpenAI
@@ -423,9 +461,11 @@ struct BodyClock {
     expired: AtomicBool,
 }
 
-/// A request's answer, replaced by a 408 if its body ran out of time.
+/// A request's answer, replaced by a 408 if its body ran out of time (or
+/// an answer ready at once: the head was too large).
 struct Deadlined {
-    answer: Answer,
+    answer: Option<Answer>,
+    ready: Option<Response>,
     clock: Option<Arc<BodyClock>>,
 }
 
@@ -434,7 +474,14 @@ impl Future for Deadlined {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let answer = ready!(Pin::new(&mut this.answer).poll(cx))?;
+        if let Some(ready) = this.ready.take() {
+            return Poll::Ready(Ok(ready));
+        }
+        let Some(answer) = this.answer.as_mut() else {
+            // Polled again after its answer: never, by hyper.
+            return Poll::Pending;
+        };
+        let answer = ready!(Pin::new(answer).poll(cx))?;
         Poll::Ready(Ok(match &this.clock {
             // `Connection: close` (hyper drops it on HTTP/2, where the
             // stream ends instead) tells an HTTP/1.1 client not to reuse a

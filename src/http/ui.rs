@@ -3,7 +3,8 @@
 //! at run time) that polls the admin endpoints every second and draws what
 //! coalescing, the jobs and the targets are doing.
 //!
-//! The page itself is public and holds no data. It asks for an admin key,
+//! The page itself is public and holds no data (`/ui/sign-in` says only
+//! whether the gateway has an admin key at all). It asks for an admin key,
 //! keeps it in the tab's `sessionStorage` (gone when the tab closes, never in
 //! a cookie, so no other site can make the browser send it) and sends it as
 //! `Authorization: Bearer` on its own `fetch` calls to `/v1/stats`,
@@ -16,10 +17,12 @@
 //! from this origin only: injected text can neither run nor send the key
 //! elsewhere.
 
-use axum::Router;
+use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
 
 use super::ApiPath;
 use super::AppState;
@@ -35,12 +38,26 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
     connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; \
     frame-ancestors 'none'";
 
-/// The dashboard's routes: the page and its two assets.
+/// The dashboard's routes: the page, its two assets, and what its sign-in
+/// card needs to know.
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/ui", get(index))
         .route("/ui/", get(index))
+        .route("/ui/sign-in", get(sign_in))
         .route("/ui/{asset}", get(asset))
+}
+
+/// `GET /ui/sign-in`: whether this gateway has an admin key at all (the
+/// embedded default has none), so that the sign-in card can say how to set
+/// one instead of refusing every key as "not an admin key". Public, like the
+/// page: it tells whether the dashboard can be opened, nothing more.
+async fn sign_in(State(state): State<AppState>) -> Response {
+    let configured = !state.live.load().config.admin.api_keys.is_empty();
+    let mut resp = Json(json!({ "admin_key_configured": configured })).into_response();
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
 }
 
 async fn index() -> Response {

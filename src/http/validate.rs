@@ -18,6 +18,8 @@ pub struct Limits {
     pub max_body_bytes: usize,
     pub max_json_depth: usize,
     pub max_messages: usize,
+    /// Most JSON values in a body (`server.max_json_values`).
+    pub max_json_values: usize,
 }
 
 /// Reads a request body, refusing more than `limit` bytes with 413.
@@ -42,8 +44,11 @@ pub async fn read_body(
     }
 }
 
-/// Parses a JSON object body after checking its nesting depth.
-pub fn parse_object(bytes: &[u8], max_depth: usize) -> Result<Map<String, Value>, ApiError> {
+/// Parses a JSON object body after checking its nesting depth and how
+/// many values it holds: what parsing costs is then a small multiple of
+/// the body's bytes, whatever it is made of (a body of a million `{"a":1}`
+/// would take over 100 times its size).
+pub fn parse_object(bytes: &[u8], limits: &Limits) -> Result<Map<String, Value>, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request(
             "the request body is empty",
@@ -51,12 +56,28 @@ pub fn parse_object(bytes: &[u8], max_depth: usize) -> Result<Map<String, Value>
             None,
         ));
     }
-    if exceeds_depth(bytes, max_depth) {
-        return Err(ApiError::bad_request(
-            format!("the request body is nested deeper than {max_depth} levels"),
-            "nesting_too_deep",
-            None,
-        ));
+    match scan(bytes, limits.max_json_depth, limits.max_json_values) {
+        Scan::Fits => {}
+        Scan::TooDeep => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "the request body is nested deeper than {} levels (server.max_json_depth)",
+                    limits.max_json_depth
+                ),
+                "nesting_too_deep",
+                None,
+            ));
+        }
+        Scan::TooManyValues => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "the request body holds more than {} JSON values (server.max_json_values)",
+                    limits.max_json_values
+                ),
+                "too_many_json_values",
+                None,
+            ));
+        }
     }
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(map)) => Ok(map),
@@ -73,13 +94,32 @@ pub fn parse_object(bytes: &[u8], max_depth: usize) -> Result<Map<String, Value>
     }
 }
 
-/// True when brackets nest deeper than `max` (strings are skipped). One
-/// pass over the bytes; runs before the parser so a hostile body cannot make
-/// it recurse.
+/// What [`scan`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scan {
+    Fits,
+    TooDeep,
+    TooManyValues,
+}
+
+/// True when brackets nest deeper than `max` (strings are skipped).
 pub fn exceeds_depth(bytes: &[u8], max: usize) -> bool {
+    scan(bytes, max, usize::MAX) == Scan::TooDeep
+}
+
+/// One pass over the bytes before the parser, so that a hostile body
+/// makes it neither recurse nor allocate: brackets nesting deeper than
+/// `max_depth`, or more than `max_values` values (each object, array,
+/// string, number and literal, object keys included: a value starts at the
+/// first byte after `{`, `[`, `,` or `:` that is not blank or a closing
+/// bracket, and at the body's first byte).
+pub fn scan(bytes: &[u8], max_depth: usize, max_values: usize) -> Scan {
     let mut depth = 0usize;
+    let mut values = 0usize;
     let mut in_string = false;
     let mut escaped = false;
+    // The next byte that is not blank starts a value.
+    let mut expecting = true;
     for &b in bytes {
         if in_string {
             if escaped {
@@ -91,27 +131,41 @@ pub fn exceeds_depth(bytes: &[u8], max: usize) -> bool {
             }
             continue;
         }
+        if b.is_ascii_whitespace() {
+            continue;
+        }
+        if expecting && b != b']' && b != b'}' {
+            values += 1;
+            if values > max_values {
+                return Scan::TooManyValues;
+            }
+        }
+        expecting = false;
         match b {
             b'"' => in_string = true,
             b'[' | b'{' => {
                 depth += 1;
-                if depth > max {
-                    return true;
+                if depth > max_depth {
+                    return Scan::TooDeep;
                 }
+                expecting = true;
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' | b':' => expecting = true,
             _ => {}
         }
     }
-    false
+    Scan::Fits
 }
 
-/// A validated chat completion request.
+/// A checked request of any dialect: what routing, the fingerprint and
+/// the rendering of its answer need of it.
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
     pub body: Arc<Map<String, Value>>,
     pub model: String,
     pub stream: bool,
+    /// A streamed chat asker's `stream_options.include_usage`.
     pub include_usage: bool,
 }
 
@@ -277,6 +331,121 @@ pub fn chat_request(body: Map<String, Value>, limits: &Limits) -> Result<ChatReq
     })
 }
 
+/// The `model` of a request of any dialect.
+fn model_of(body: &Map<String, Value>) -> Result<String, ApiError> {
+    match body.get("model") {
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Ok(s.clone()),
+        Some(Value::String(_)) => Err(invalid("model", "`model` must be 1..256 characters".into())),
+        Some(_) => Err(wrong_type("model", "a string")),
+        None => Err(ApiError::bad_request(
+            "`model` is required",
+            "missing_required_parameter",
+            Some("model"),
+        )),
+    }
+}
+
+/// Checks a request of Anthropic's Messages API (or of its token count)
+/// as far as a gateway must before it routes, fingerprints and forwards
+/// it: `model`, `messages` (a non-empty array within the limit),
+/// `max_tokens` (a positive integer; a count takes none), `stream` (a
+/// boolean). Everything else goes to the target as it came, whose API
+/// judges it (a target of another dialect: its translation).
+pub fn messages_request(
+    body: Map<String, Value>,
+    count: bool,
+    limits: &Limits,
+) -> Result<ChatRequest, ApiError> {
+    let model = model_of(&body)?;
+    match body.get("messages") {
+        Some(Value::Array(m)) if m.is_empty() => {
+            return Err(invalid("messages", "`messages` must not be empty".into()));
+        }
+        Some(Value::Array(m)) if m.len() > limits.max_messages => {
+            return Err(invalid(
+                "messages",
+                format!("`messages` has more than {} entries", limits.max_messages),
+            ));
+        }
+        Some(Value::Array(_)) => {}
+        Some(_) => return Err(wrong_type("messages", "an array")),
+        None => {
+            return Err(ApiError::bad_request(
+                "`messages` is required",
+                "missing_required_parameter",
+                Some("messages"),
+            ));
+        }
+    }
+    if !count {
+        match body.get("max_tokens") {
+            Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => {}
+            Some(_) => {
+                return Err(invalid(
+                    "max_tokens",
+                    "`max_tokens` must be a positive integer".into(),
+                ));
+            }
+            None => {
+                return Err(ApiError::bad_request(
+                    "`max_tokens` is required",
+                    "missing_required_parameter",
+                    Some("max_tokens"),
+                ));
+            }
+        }
+    }
+    of_type(&body, "stream", Value::is_boolean, "a boolean")?;
+    let stream = !count && body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    Ok(ChatRequest {
+        body: Arc::new(body),
+        model,
+        stream,
+        include_usage: false,
+    })
+}
+
+/// Checks a request of OpenAI's Responses API as far as a gateway must:
+/// `model`, `input` (a string, or an array of items within the limit;
+/// optional when it continues a stored response), `stream` and `store`
+/// (booleans), `previous_response_id` (a string).
+pub fn responses_request(
+    body: Map<String, Value>,
+    limits: &Limits,
+) -> Result<ChatRequest, ApiError> {
+    let model = model_of(&body)?;
+    let continues = !matches!(body.get("previous_response_id"), None | Some(Value::Null));
+    match body.get("input") {
+        Some(Value::String(_)) => {}
+        Some(Value::Array(items)) if items.len() > limits.max_messages => {
+            return Err(invalid(
+                "input",
+                format!("`input` has more than {} items", limits.max_messages),
+            ));
+        }
+        Some(Value::Array(_)) => {}
+        None | Some(Value::Null) if continues => {}
+        None | Some(Value::Null) => {
+            return Err(ApiError::bad_request(
+                "`input` is required",
+                "missing_required_parameter",
+                Some("input"),
+            ));
+        }
+        Some(_) => return Err(wrong_type("input", "a string or an array of items")),
+    }
+    of_type(&body, "stream", Value::is_boolean, "a boolean")?;
+    of_type(&body, "store", Value::is_boolean, "a boolean")?;
+    of_type(&body, "previous_response_id", Value::is_string, "a string")?;
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    Ok(ChatRequest {
+        body: Arc::new(body),
+        model,
+        stream,
+        include_usage: false,
+    })
+}
+
 /// Checks the shape of a `POST /v1/jobs` body, `{"request": {..},
 /// "metadata": {..}}`: returns the chat completion body (still to be checked
 /// by [`chat_request`]) and the metadata, if any. Unknown fields are refused.
@@ -376,13 +545,11 @@ mod tests {
         max_body_bytes: 1 << 20,
         max_json_depth: 64,
         max_messages: 100,
+        max_json_values: 1000,
     };
 
     fn check(text: &str) -> Result<ChatRequest, ApiError> {
-        chat_request(
-            parse_object(text.as_bytes(), LIMITS.max_json_depth)?,
-            &LIMITS,
-        )
+        chat_request(parse_object(text.as_bytes(), &LIMITS)?, &LIMITS)
     }
 
     fn param_of(r: Result<ChatRequest, ApiError>) -> (String, Option<String>) {
@@ -399,6 +566,36 @@ mod tests {
         assert!(!exceeds_depth(br#"{"a":"\"[[[[["}"#, 2));
         let deep = "[".repeat(10_000);
         assert!(exceeds_depth(deep.as_bytes(), 64));
+    }
+
+    /// Every value counts once, keys included, whatever the spacing; what
+    /// is inside a string does not count; empty containers count once.
+    #[test]
+    fn the_scan_counts_every_value_and_key() {
+        let count = |text: &str| {
+            (1..100)
+                .find(|&n| scan(text.as_bytes(), 64, n) == Scan::Fits)
+                .unwrap()
+        };
+        assert_eq!(count(r#"{}"#), 1);
+        assert_eq!(count(r#"{"a":1}"#), 3);
+        assert_eq!(
+            count(r#" { "a" : [ 1 , "x,y:{" , true , null , { } , [ ] ] } "#),
+            9
+        );
+        assert_eq!(count(r#"{"a":"\"{[,:","b":-1.5e3}"#), 5);
+        assert_eq!(count(r#"[[],[[]]]"#), 4);
+        // Past the budget: refused with a 400 naming the setting.
+        let body = format!("{{\"x\":[{}1]}}", "{\"a\":1},".repeat(400));
+        match parse_object(body.as_bytes(), &LIMITS) {
+            Err(ApiError::BadRequest { code, message, .. }) => {
+                assert_eq!(code, "too_many_json_values");
+                assert!(message.contains("server.max_json_values"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let body = format!("{{\"x\":[{}1]}}", "{\"a\":1},".repeat(300));
+        assert!(parse_object(body.as_bytes(), &LIMITS).is_ok());
     }
 
     #[test]

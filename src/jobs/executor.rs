@@ -51,6 +51,7 @@ use tokio_util::task::TaskTracker;
 use crate::answer::{Answer, Verdict};
 use crate::certification::failover;
 use crate::config::RouteAttempts;
+use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint::Fingerprint;
 use crate::flight::{FlightError, RequestBody, Source};
 use crate::jobs::Env;
@@ -233,10 +234,13 @@ impl Slot {
     }
 }
 
-/// What a job needs to run: its route, its request and fingerprint.
+/// What a job needs to run: its route, its request (in its dialect, with
+/// the client's answer-changing headers) and fingerprint.
 struct Prepared {
     route: Arc<Route>,
     request: Arc<Map<String, Value>>,
+    dialect: Dialect,
+    forwarded: Forwarded,
     fp: Fingerprint,
 }
 
@@ -245,15 +249,22 @@ fn prepare(app: &Env, job: &JobRecord) -> Result<Prepared, String> {
     let Some(route) = app.live().route(&job.route) else {
         return Err(format!("route {} is no longer configured", job.route));
     };
-    let (Ok(Value::Object(request)), Ok(fp)) = (
+    let (Ok(Value::Object(request)), Ok(fp), Some(dialect)) = (
         serde_json::from_str::<Value>(&job.request),
         job.fingerprint.parse::<Fingerprint>(),
+        Dialect::parse(&job.dialect),
     ) else {
         return Err("the stored request cannot be read".into());
     };
+    let stored = job
+        .forwarded
+        .as_deref()
+        .and_then(|f| serde_json::from_str::<Value>(f).ok());
     Ok(Prepared {
         route,
         request: Arc::new(request),
+        dialect,
+        forwarded: Forwarded::from_json(dialect, stored.as_ref()),
         fp,
     })
 }
@@ -364,7 +375,13 @@ async fn run_job(app: &Env, claimed: Claimed, completer: &Completer, slot: &Slot
         }
         app.jobs().changed(job_id);
     };
-    let Prepared { route, request, fp } = match prepared {
+    let Prepared {
+        route,
+        request,
+        dialect,
+        forwarded,
+        fp,
+    } = match prepared {
         Ok(p) => p,
         Err(reason) => {
             fail(reason).await;
@@ -454,6 +471,8 @@ async fn run_job(app: &Env, claimed: Claimed, completer: &Completer, slot: &Slot
                     job: &job,
                     route: &route,
                     request: &request,
+                    dialect,
+                    forwarded: &forwarded,
                     fp,
                     earlier: &earlier,
                     completer,
@@ -518,6 +537,8 @@ struct RoundCtx<'a> {
     job: &'a JobRecord,
     route: &'a Arc<Route>,
     request: &'a Arc<Map<String, Value>>,
+    dialect: Dialect,
+    forwarded: &'a Forwarded,
     fp: Fingerprint,
     /// The job's attempts before this round.
     earlier: &'a [AttemptRecord],
@@ -639,6 +660,8 @@ impl RoundCtx<'_> {
             tenant: Arc::from(job.tenant.as_str()),
             route: route.clone(),
             request: self.request.clone(),
+            dialect: self.dialect,
+            forwarded: self.forwarded.clone(),
             fp: self.fp,
             target,
             share: !retry,
@@ -680,6 +703,8 @@ struct AttemptCtx {
     tenant: Arc<str>,
     route: Arc<Route>,
     request: Arc<Map<String, Value>>,
+    dialect: Dialect,
+    forwarded: Forwarded,
     fp: Fingerprint,
     target: usize,
     /// Whether the call may be shared with identical work in flight.
@@ -701,12 +726,12 @@ impl AttemptCtx {
         // without abandoning the call, which may run (and a follower
         // attempt may wait for its leader) until then.
         let late = policy.late_result_window.max(policy.timeout);
-        let body = RequestBody::kept(self.request.clone());
+        let body = RequestBody::kept(self.request.clone()).with_forwarded(self.forwarded.clone());
         // The attempt's span (traces on): its provider call is a child.
         let trace = app.core().telemetry.root(
             format!("attempt {}", self.route.name),
             vec![
-                Attribute::new(attr::OPERATION, "chat"),
+                Attribute::new(attr::OPERATION, self.dialect.as_str()),
                 Attribute::new(attr::REQUEST_MODEL, self.route.name.to_string()),
                 Attribute::new(attr::TENANT, self.tenant.to_string()),
                 Attribute::new(attr::JOB, a.job_id.to_string()),
@@ -721,7 +746,7 @@ impl AttemptCtx {
             route: &self.route,
             fp: self.fp,
             body: &body,
-            wire: &crate::endpoints::chat::CHAT,
+            wire: crate::endpoints::wire(self.dialect),
             policy: CachePolicy::default(),
             trace: trace.as_ref(),
         };
@@ -1128,6 +1153,8 @@ mod tests {
             fingerprint: "f".into(),
             route: "r".into(),
             request: "{}".into(),
+            dialect: "chat".into(),
+            forwarded: None,
             metadata: None,
             state: crate::store::JobState::Running,
             version: 1,

@@ -20,6 +20,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{Notify, watch};
 
 use crate::answer::{Answer, Form};
+use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint::{self, Fingerprint, Rules};
 use crate::live::Live;
 use crate::metrics::Metrics;
@@ -102,30 +103,35 @@ pub trait JobEnv: Send + Sync + 'static {
 /// A shared handle on the gateway for the job workers.
 pub type Env = Arc<dyn JobEnv>;
 
-/// What a job-creating request wants done: the request its attempts send,
-/// its fingerprint, the face it came in by (None: chat completions or the
-/// jobs API) and the job's metadata.
+/// What a job-creating request wants done: the request as its client sent
+/// it (what the payload hash reads), the request its attempts send (the
+/// same, or a Responses request with its conversation spelled out), its
+/// dialect and answer-changing headers, its fingerprint, and the job's
+/// metadata.
 #[derive(Clone, Copy)]
 pub struct Intent<'a> {
+    pub asked: &'a Map<String, Value>,
     pub request: &'a Map<String, Value>,
+    pub dialect: Dialect,
+    pub forwarded: &'a Forwarded,
     pub fp: &'a Fingerprint,
-    pub face: Option<&'a Value>,
     pub metadata: Option<&'a Value>,
 }
 
 /// The payload hash: the fingerprint rules without text normalization
-/// (docs/design.md, "Jobs and attempts"), with the face the request came
-/// in by, plus the job's metadata. Two requests are the same intent only if
-/// this matches.
+/// (docs/design.md, "Jobs and attempts"), with the request's dialect and
+/// answer-changing headers, plus the job's metadata. Two requests are the
+/// same intent only if this matches.
 pub fn payload_hash(tenant: &str, route: &Route, intent: &Intent) -> String {
     // Without text normalization: "Refund order 45" and "refund order 45"
     // may share an answer, never a job.
     let rules = Rules {
         normalize: crate::config::Normalize::None,
-        face: intent.face,
+        dialect: intent.dialect,
+        headers: intent.forwarded,
         ..route.rules(tenant)
     };
-    let fp = fingerprint::fingerprint(intent.request, None, &rules);
+    let fp = fingerprint::fingerprint(intent.asked, None, &rules);
     let mut hasher = blake3::Hasher::new();
     hasher.update(fp.as_bytes());
     if let Some(m) = intent.metadata {
@@ -173,6 +179,8 @@ impl Jobs {
         let hash = payload_hash(tenant, route, &intent);
         let Intent {
             request,
+            dialect,
+            forwarded,
             fp,
             metadata,
             ..
@@ -183,8 +191,11 @@ impl Jobs {
             idempotency_key: key.to_string(),
             payload_hash: hash.clone(),
             fingerprint: fp.to_string(),
-            route: route.name.to_string(),
+            route: route.model.to_string(),
             request: serde_json::to_string(request).unwrap_or_default(),
+            dialect: dialect.as_str().to_string(),
+            forwarded: (!forwarded.is_empty())
+                .then(|| Value::Object(forwarded.to_json()).to_string()),
             metadata: metadata.map(Value::to_string),
             created_at: now_ms(),
         };
@@ -375,13 +386,14 @@ pub fn job_answer(job: &JobRecord, route: &Route, attempts: &[AttemptRecord]) ->
         .completed_by
         .and_then(|n| attempts.iter().find(|a| a.n == n));
     Answer {
+        dialect: Dialect::parse(&job.dialect).unwrap_or(Dialect::Chat),
         status: reqwest::StatusCode::OK,
         form: Form::Plain,
         body: bytes::Bytes::from(job.result.clone().unwrap_or_default()),
         retry_after: None,
         failure: None,
         provider: by.map_or_else(|| "job".into(), |a| a.provider.as_str().into()),
-        model: by.map_or_else(|| route.name.clone(), |a| a.model.as_str().into()),
+        model: by.map_or_else(|| route.model.clone(), |a| a.model.as_str().into()),
         created_at: std::time::SystemTime::now(),
         upstream_latency: by
             .and_then(|a| Some(a.finished_at? - a.started_at))
@@ -406,6 +418,7 @@ pub fn job_json(job: &JobRecord, attempts: Option<&[AttemptRecord]>) -> Value {
         "version": job.version,
         "idempotency_key": job.idempotency_key,
         "route": job.route,
+        "dialect": job.dialect,
         "fingerprint": job.fingerprint,
         "created_at": rfc3339(job.created_at),
         "updated_at": rfc3339(job.updated_at),

@@ -403,28 +403,63 @@ fn tool_call(request: &Value, seq: u64) -> Option<ToolCall> {
     };
     let choice = request.get("tool_choice");
     let last = echoed(request);
-    let (function, forced) = match choice {
+    let (function, forced, given) = match choice {
         Some(Value::String(c)) if c == "none" => return None,
-        Some(Value::String(c)) if c == "required" => (*tools.first()?, true),
-        Some(Value::Object(c)) => (named(c.get("function")?.get("name")?.as_str()?)?, true),
+        Some(Value::String(c)) if c == "required" => (*tools.first()?, true, None),
+        Some(Value::Object(c)) => (
+            named(c.get("function")?.get("name")?.as_str()?)?,
+            true,
+            None,
+        ),
         _ => {
-            let at = last
-                .to_ascii_lowercase()
-                .find(super::anthropic::TOOL_MARKER)?;
-            let word: String = last[at + super::anthropic::TOOL_MARKER.len()..]
-                .trim_start()
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '-')
-                .collect();
-            (named(&word).or_else(|| tools.first().copied())?, false)
+            let marked = marked_tool(&last_user_text(request))?;
+            let function = named(&marked.name).or_else(|| tools.first().copied())?;
+            (function, false, marked.input.filter(Value::is_object))
         }
     };
+    let arguments = given.unwrap_or_else(|| tool_input(function.get("parameters"), &last));
     Some(ToolCall {
         id: format!("call_mock_{seq}"),
         name: function.get("name")?.as_str()?.to_owned(),
-        arguments: tool_input(function.get("parameters"), &last).to_string(),
+        arguments: arguments.to_string(),
         forced,
     })
+}
+
+/// What in the last user text makes an `auto` tool choice call a tool.
+pub(crate) const TOOL_MARKER: &str = "call tool";
+
+/// A tool call asked for by the marker.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Marked {
+    /// The word after the marker (letters, digits, `_`, `-`, `.`; maybe
+    /// empty): the tool's name, if the request has a tool of that name.
+    pub(crate) name: String,
+    /// The JSON value written after the name, if one is: an object is the
+    /// call's input, a string a custom tool's input.
+    pub(crate) input: Option<Value>,
+}
+
+/// The tool call `text` asks for: `call tool` (any case), the tool's name,
+/// then maybe its input as JSON (`call tool Read {"file_path": "/x"}`).
+pub(crate) fn marked_tool(text: &str) -> Option<Marked> {
+    let at = text.to_ascii_lowercase().find(TOOL_MARKER)?;
+    let rest = text.get(at + TOOL_MARKER.len()..)?.trim_start();
+    let name: String = rest
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        .collect();
+    let after = rest.get(name.len()..).unwrap_or_default().trim_start();
+    let input = if after.starts_with(['{', '"']) {
+        serde_json::Deserializer::from_str(after)
+            .into_iter::<Value>()
+            .next()
+            .and_then(Result::ok)
+    } else {
+        None
+    };
+    let name = name.trim_end_matches('.').to_owned();
+    Some(Marked { name, input })
 }
 
 impl Answer {
@@ -436,7 +471,10 @@ impl Answer {
             .unwrap_or_default();
         let content = match content {
             Some(content) => content.to_owned(),
-            None => format!("mock answer #{seq} to: {}", echoed(request)),
+            None => formatted(
+                request.get("response_format"),
+                format!("mock answer #{seq} to: {}", echoed(request)),
+            ),
         };
         let prompt_chars = messages
             .iter()
@@ -444,10 +482,7 @@ impl Answer {
             .sum();
         Answer {
             id: format!("chatcmpl-mock-{seq}"),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            created: now_secs(),
             model: request.get("model").cloned().unwrap_or(json!("mock")),
             content,
             choices: request
@@ -495,6 +530,11 @@ impl Answer {
 /// What a generated answer echoes: the last user message's text, its first
 /// 200 characters.
 pub(crate) fn echoed(request: &Value) -> String {
+    last_user_text(request).chars().take(ECHO_CHARS).collect()
+}
+
+/// The last user message's text (whole).
+fn last_user_text(request: &Value) -> String {
     request
         .get("messages")
         .and_then(Value::as_array)
@@ -506,9 +546,6 @@ pub(crate) fn echoed(request: &Value) -> String {
         })
         .map(message_text)
         .unwrap_or_default()
-        .chars()
-        .take(ECHO_CHARS)
-        .collect()
 }
 
 /// The text of a message: a string content, or its text parts joined by spaces.
@@ -522,6 +559,14 @@ fn message_text(message: &Value) -> String {
             .join(" "),
         _ => String::new(),
     }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// A rough token count (about four characters per token), at least 1.
@@ -586,5 +631,102 @@ fn placeholder(schema: Option<&Value>, echo: &str) -> Value {
         "object" => json!({}),
         "null" => Value::Null,
         _ => json!(echo),
+    }
+}
+
+/// How deep [`schema_value`] follows nested objects and `$ref`s.
+const MAX_SCHEMA_DEPTH: usize = 16;
+
+/// The generated `text` in the form `response_format` asks: as it is
+/// (none, or `text`), `{"answer": text}` (`json_object`), or a JSON object
+/// that satisfies `json_schema.schema` (see [`schema_value`]).
+pub(crate) fn formatted(format: Option<&Value>, text: String) -> String {
+    match format.and_then(|f| f.get("type")).and_then(Value::as_str) {
+        Some("json_object") => json!({"answer": text}).to_string(),
+        Some("json_schema") => {
+            let schema = format
+                .and_then(|f| f.pointer("/json_schema/schema"))
+                .unwrap_or(&Value::Null);
+            let value = schema_value(schema, schema, &text, 0);
+            if value.is_object() {
+                value.to_string()
+            } else {
+                json!({"answer": text}).to_string()
+            }
+        }
+        _ => text,
+    }
+}
+
+/// A value of JSON Schema `schema` (`root` is the whole schema, for
+/// `$ref`s to `#/$defs/...` or `#/definitions/...`): its `const` or first
+/// `enum` value, the first branch of `anyOf` / `oneOf` / `allOf`, else by
+/// `type` `text` (string), 1 (number, integer), true, `[]`, null, or an
+/// object holding each `required` property (an object is also what a
+/// schema with `properties` and no type gives).
+pub(crate) fn schema_value(schema: &Value, root: &Value, text: &str, depth: usize) -> Value {
+    if depth > MAX_SCHEMA_DEPTH {
+        return Value::Null;
+    }
+    if let Some(target) = schema.get("$ref").and_then(Value::as_str) {
+        let pointer = target.strip_prefix('#').unwrap_or(target);
+        return match root.pointer(pointer) {
+            Some(schema) => schema_value(schema, root, text, depth + 1),
+            None => json!(text),
+        };
+    }
+    if let Some(constant) = schema.get("const") {
+        return constant.clone();
+    }
+    if let Some(first) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|values| values.first())
+    {
+        return first.clone();
+    }
+    for key in ["anyOf", "oneOf", "allOf"] {
+        if let Some(first) = schema
+            .get(key)
+            .and_then(Value::as_array)
+            .and_then(|branches| branches.first())
+        {
+            return schema_value(first, root, text, depth + 1);
+        }
+    }
+    let kind = match schema.get("type") {
+        Some(Value::String(kind)) => kind.as_str(),
+        Some(Value::Array(kinds)) => kinds
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|kind| *kind != "null")
+            .unwrap_or("null"),
+        _ if schema.get("properties").is_some() => "object",
+        _ => "string",
+    };
+    match kind {
+        "integer" | "number" => json!(1),
+        "boolean" => json!(true),
+        "array" => json!([]),
+        "null" => Value::Null,
+        "object" => {
+            let properties = schema.get("properties");
+            let object: Map<String, Value> = schema
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(|name| {
+                    let property = properties.and_then(|p| p.get(name)).unwrap_or(&Value::Null);
+                    (
+                        name.to_owned(),
+                        schema_value(property, root, text, depth + 1),
+                    )
+                })
+                .collect();
+            Value::Object(object)
+        }
+        _ => json!(text),
     }
 }

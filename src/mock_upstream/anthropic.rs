@@ -1,37 +1,47 @@
-//! The mock's Anthropic face: the body of `POST /v1/messages` and
-//! `POST /v1/messages/count_tokens` as Anthropic's Messages API has them.
-//! Pure functions of the request, like `answer`: the validation
-//! (Anthropic's 400s), the reply, its plain and streamed forms, the error
-//! body and the garbage.
+//! The mock's Anthropic face, the answer side: the reply to a (valid)
+//! `POST /v1/messages`, its plain and streamed forms, the error body and
+//! the garbage, in Anthropic's shapes. Pure functions of the request and
+//! the call number, like `answer`; what is accepted and how a request is
+//! read is in `anthropic_request`.
 //!
-//! The reply to call number `seq`, deterministic:
-//! - its text is `content` when set, else `mock answer #<seq> to: <last
-//!   user text>` (the last `user` message's string content, or its `text`
+//! The reply to call number `seq`, deterministic, its content blocks in
+//! this order:
+//! - `thinking`, when the request turns thinking on (`enabled` or
+//!   `adaptive`): `mock thinking #<seq> about: <last user text>` (shown
+//!   empty with `display: "omitted"`), with a `signature` the mock checks
+//!   when the block is sent back (see [`super::seal`]);
+//! - `redacted_thinking` (its `data` sealed), when thinking is on and the
+//!   last user text contains `redact` (any case);
+//! - `server_tool_use` (`srvtoolu_mock_<seq>`, `web_search`, `{"query":
+//!   <last user text>}`) then `web_search_tool_result` (one result, its
+//!   `encrypted_content` sealed), when a `web_search_*` server tool is
+//!   offered and the last user text contains `search` (any case); the
+//!   text block then carries a `web_search_result_location` citation of
+//!   that result and the usage `server_tool_use.web_search_requests: 1`;
+//! - the text: `content` when set, else `mock answer #<seq> to: <last user
+//!   text>` (the last `user` message's string content, or its `text`
 //!   blocks and the text of its `tool_result` blocks joined by spaces; its
-//!   first 200 characters);
-//! - a stop sequence of the request found in the text cuts the text before
-//!   the earliest one: `stop_reason: "stop_sequence"`, `stop_sequence` set;
-//! - a text of more tokens than `max_tokens` (a token is four characters,
-//!   as everywhere in the mock) is cut to `4 × max_tokens` characters:
-//!   `stop_reason: "max_tokens"`, `output_tokens` = `max_tokens`;
+//!   first 200 characters). A stop sequence of the request found in the
+//!   text cuts the text before the earliest one: `stop_reason:
+//!   "stop_sequence"`, `stop_sequence` set. A text of more tokens than
+//!   `max_tokens` (a token is four characters, as everywhere in the mock)
+//!   is cut to `4 × max_tokens` characters: `stop_reason: "max_tokens"`;
 //! - a tool call: when the request has tools and `tool_choice` is
 //!   `{"type": "tool", "name": X}` (tool X) or `{"type": "any"}` (the first
 //!   tool), the content is one `tool_use` block; when `tool_choice` is
 //!   `auto` or absent and the last user text contains `call tool` (any
 //!   case), the text block (cut by nothing) is followed by a `tool_use`
 //!   block for the tool named by the word after the marker, or the first
-//!   tool. Either way `stop_reason: "tool_use"`. The input holds each
-//!   `required` property of the tool's `input_schema`: its first `enum`
-//!   value or its `const`, else by `type` 1 (integer, number), true,
-//!   `[]`, `{}`, null, or the last user text (string, or no type); a
-//!   schema without required properties gives `{"q": <last user text>}`;
+//!   tool. Either way `stop_reason: "tool_use"`. The input is the JSON
+//!   object written after the tool's name, if one is (`call tool Read
+//!   {"file_path": "/tmp/x"}`), else it holds each `required` property of
+//!   the tool's `input_schema` (see [`super::answer::tool_input`]);
 //! - otherwise `stop_reason: "end_turn"`.
 //!
-//! `input_tokens` (of the reply and of `count_tokens`) is the characters
-//! of the system text, of every message's text (as above, plus each
-//! `tool_use` input's JSON) and of every tool definition's JSON, divided by
-//! four, at least 1; `output_tokens` the text's characters divided by four
-//! plus the tool input's JSON characters divided by four (each at least 1).
+//! `input_tokens` (of the reply and of `count_tokens`) is as
+//! [`input_tokens`] counts; `output_tokens` the sum over the blocks of
+//! their text's (or input's JSON) characters divided by four (each at
+//! least 1).
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -39,325 +49,42 @@ use serde_json::{Value, json};
 use super::Garbage;
 use super::answer::{
     ECHO_CHARS, Garbled, HTML, cut_in_half, estimate_tokens, garbled_json, grown, html_page,
+    marked_tool,
 };
-
-/// The top-level fields of a messages request; Anthropic refuses any other.
-const MESSAGES_FIELDS: &[&str] = &[
-    "model",
-    "messages",
-    "max_tokens",
-    "system",
-    "metadata",
-    "stop_sequences",
-    "stream",
-    "temperature",
-    "top_k",
-    "top_p",
-    "tools",
-    "tool_choice",
-    "thinking",
-    "service_tier",
-    "container",
-    "mcp_servers",
-];
-
-/// The top-level fields of a token counting request.
-const COUNT_TOKENS_FIELDS: &[&str] = &[
-    "model",
-    "messages",
-    "system",
-    "tools",
-    "tool_choice",
-    "thinking",
-    "mcp_servers",
-];
-
-/// The content block types a message may hold.
-const BLOCK_TYPES: &[&str] = &[
-    "text",
-    "image",
-    "document",
-    "tool_use",
-    "tool_result",
-    "thinking",
-    "redacted_thinking",
-    "search_result",
-    "server_tool_use",
-    "web_search_tool_result",
-];
-
-/// What in the last user text makes an `auto` tool choice call a tool.
-pub(crate) const TOOL_MARKER: &str = "call tool";
+use super::anthropic_request::{Asks, THINKING_SEAL, last_user_text};
+pub(crate) use super::anthropic_request::{Kind, echoed, input_tokens, validate};
+use super::seal;
 
 /// The longest piece of a tool input's JSON in one `input_json_delta`.
 const JSON_PIECE_BYTES: usize = 12;
 
-/// Which Anthropic endpoint a body is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// `POST /v1/messages`.
-    Messages,
-    /// `POST /v1/messages/count_tokens`.
-    CountTokens,
-}
+/// What a redacted thinking block's `data` is sealed for.
+const REDACTED_SEAL: &str = "anthropic redacted thinking";
 
-/// Checks `request` as Anthropic does; `Err` is the message of the 400
-/// (`invalid_request_error`), naming the field at fault as Anthropic does
-/// (`max_tokens: Field required`).
-pub(crate) fn validate(request: &Value, kind: Kind) -> Result<(), String> {
-    let Some(object) = request.as_object() else {
-        return Err("mock: the body is not a JSON object".into());
-    };
-    let fields = match kind {
-        Kind::Messages => MESSAGES_FIELDS,
-        Kind::CountTokens => COUNT_TOKENS_FIELDS,
-    };
-    if let Some(extra) = object.keys().find(|key| !fields.contains(&key.as_str())) {
-        return Err(format!("{extra}: Extra inputs are not permitted"));
-    }
-    match object.get("model") {
-        None => return Err(required("model")),
-        Some(Value::String(_)) => {}
-        Some(_) => return Err("model: Input should be a valid string".into()),
-    }
-    if kind == Kind::Messages {
-        match object.get("max_tokens") {
-            None => return Err(required("max_tokens")),
-            Some(value) if value.as_u64().is_some_and(|n| n >= 1) => {}
-            Some(value) if value.is_i64() || value.is_u64() => {
-                return Err("max_tokens: Input should be greater than or equal to 1".into());
-            }
-            Some(_) => return Err("max_tokens: Input should be a valid integer".into()),
-        }
-    }
-    check_messages(object.get("messages"))?;
-    if let Some(system) = object.get("system") {
-        check_system(system)?;
-    }
-    if let Some(stops) = object.get("stop_sequences")
-        && !stops
-            .as_array()
-            .is_some_and(|stops| stops.iter().all(Value::is_string))
-    {
-        return Err("stop_sequences: Input should be a valid list of strings".into());
-    }
-    for field in ["temperature", "top_p"] {
-        if let Some(value) = object.get(field)
-            && !value.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x))
-        {
-            return Err(format!("{field}: Input should be a number from 0 to 1"));
-        }
-    }
-    if let Some(top_k) = object.get("top_k")
-        && top_k.as_u64().is_none()
-    {
-        return Err("top_k: Input should be a non-negative integer".into());
-    }
-    if let Some(stream) = object.get("stream")
-        && !stream.is_boolean()
-    {
-        return Err("stream: Input should be a valid boolean".into());
-    }
-    if let Some(metadata) = object.get("metadata")
-        && !metadata.is_object()
-    {
-        return Err("metadata: Input should be a valid dictionary".into());
-    }
-    let tools = match object.get("tools") {
-        None => &[][..],
-        Some(tools) => check_tools(tools)?,
-    };
-    if let Some(choice) = object.get("tool_choice") {
-        check_tool_choice(choice, tools)?;
-    }
-    Ok(())
-}
-
-fn required(field: &str) -> String {
-    format!("{field}: Field required")
-}
-
-fn check_messages(messages: Option<&Value>) -> Result<(), String> {
-    let messages = match messages {
-        None => return Err(required("messages")),
-        Some(Value::Array(messages)) => messages,
-        Some(_) => return Err("messages: Input should be a valid list".into()),
-    };
-    if messages.is_empty() {
-        return Err("messages: at least one message is required".into());
-    }
-    for (i, message) in messages.iter().enumerate() {
-        let Some(message) = message.as_object() else {
-            return Err(format!("messages.{i}: Input should be a valid dictionary"));
-        };
-        if let Some(extra) = message.keys().find(|k| *k != "role" && *k != "content") {
-            return Err(format!(
-                "messages.{i}.{extra}: Extra inputs are not permitted"
-            ));
-        }
-        match message.get("role") {
-            None => return Err(required(&format!("messages.{i}.role"))),
-            Some(Value::String(role)) if role == "user" || role == "assistant" => {}
-            Some(_) => {
-                return Err(format!(
-                    "messages.{i}.role: Input should be 'user' or 'assistant'"
-                ));
-            }
-        }
-        match message.get("content") {
-            None => return Err(required(&format!("messages.{i}.content"))),
-            Some(Value::String(_)) => {}
-            Some(Value::Array(blocks)) => {
-                for (j, block) in blocks.iter().enumerate() {
-                    check_block(block, &format!("messages.{i}.content.{j}"))?;
-                }
-            }
-            Some(_) => {
-                return Err(format!(
-                    "messages.{i}.content: Input should be a valid string or list of content blocks"
-                ));
-            }
-        }
-    }
-    if messages
-        .first()
-        .and_then(|m| m.get("role"))
-        .and_then(Value::as_str)
-        != Some("user")
-    {
-        return Err("messages: first message must use the \"user\" role".into());
-    }
-    Ok(())
-}
-
-/// One content block at `at` (`messages.0.content.1`).
-fn check_block(block: &Value, at: &str) -> Result<(), String> {
-    let Some(kind) = block.get("type").and_then(Value::as_str) else {
-        return Err(required(&format!("{at}.type")));
-    };
-    let string = |field: &str| -> Result<(), String> {
-        match block.get(field) {
-            Some(Value::String(_)) => Ok(()),
-            None => Err(required(&format!("{at}.{field}"))),
-            Some(_) => Err(format!("{at}.{field}: Input should be a valid string")),
-        }
-    };
-    let object = |field: &str| -> Result<(), String> {
-        match block.get(field) {
-            Some(Value::Object(_)) => Ok(()),
-            None => Err(required(&format!("{at}.{field}"))),
-            Some(_) => Err(format!("{at}.{field}: Input should be a valid dictionary")),
-        }
-    };
-    match kind {
-        "text" => string("text"),
-        "image" => object("source"),
-        "tool_use" => {
-            string("id")?;
-            string("name")?;
-            object("input")
-        }
-        "tool_result" => {
-            string("tool_use_id")?;
-            match block.get("content") {
-                None | Some(Value::String(_) | Value::Array(_)) => Ok(()),
-                Some(_) => Err(format!(
-                    "{at}.content: Input should be a valid string or list of content blocks"
-                )),
-            }
-        }
-        known if BLOCK_TYPES.contains(&known) => Ok(()),
-        other => Err(format!(
-            "{at}: Input tag '{other}' found using 'type' does not match any of the expected tags"
-        )),
-    }
-}
-
-fn check_system(system: &Value) -> Result<(), String> {
-    let text_block = |block: &Value| {
-        block.get("type").and_then(Value::as_str) == Some("text")
-            && block.get("text").is_some_and(Value::is_string)
-    };
-    match system {
-        Value::String(_) => Ok(()),
-        Value::Array(blocks) if blocks.iter().all(text_block) => Ok(()),
-        _ => Err("system: Input should be a valid string or list of text blocks".into()),
-    }
-}
-
-/// The tools, checked: a custom tool (no `type`, or `custom`) has a
-/// non-empty `name` and an `input_schema` object; a server tool (any other
-/// `type`) is taken as it is.
-fn check_tools(tools: &Value) -> Result<&[Value], String> {
-    let Some(list) = tools.as_array() else {
-        return Err("tools: Input should be a valid list".into());
-    };
-    for (i, tool) in list.iter().enumerate() {
-        let Some(tool) = tool.as_object() else {
-            return Err(format!("tools.{i}: Input should be a valid dictionary"));
-        };
-        let custom = matches!(
-            tool.get("type").and_then(Value::as_str),
-            None | Some("custom")
-        );
-        if !custom {
-            continue;
-        }
-        match tool.get("name") {
-            Some(Value::String(name)) if !name.is_empty() => {}
-            None => return Err(required(&format!("tools.{i}.name"))),
-            Some(_) => {
-                return Err(format!(
-                    "tools.{i}.name: String should have at least 1 character"
-                ));
-            }
-        }
-        match tool.get("input_schema") {
-            Some(Value::Object(_)) => {}
-            None => return Err(required(&format!("tools.{i}.input_schema"))),
-            Some(_) => {
-                return Err(format!(
-                    "tools.{i}.input_schema: Input should be a valid dictionary"
-                ));
-            }
-        }
-    }
-    Ok(list)
-}
-
-fn check_tool_choice(choice: &Value, tools: &[Value]) -> Result<(), String> {
-    let kind = match choice.get("type") {
-        None => return Err(required("tool_choice.type")),
-        Some(Value::String(kind)) if ["auto", "any", "tool", "none"].contains(&kind.as_str()) => {
-            kind.as_str()
-        }
-        Some(_) => {
-            return Err("tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'".into());
-        }
-    };
-    if kind != "none" && tools.is_empty() {
-        return Err("tool_choice: tool_choice may only be specified while providing tools".into());
-    }
-    if kind == "tool" {
-        let Some(name) = choice.get("name").and_then(Value::as_str) else {
-            return Err(required("tool_choice.name"));
-        };
-        if !tools
-            .iter()
-            .any(|tool| tool.get("name") == Some(&json!(name)))
-        {
-            return Err(format!(
-                "tool_choice.name: tool '{name}' is not among the request's tools"
-            ));
-        }
-    }
-    Ok(())
-}
+/// What a search result's `encrypted_content` is sealed for.
+const SEARCH_SEAL: &str = "anthropic web search result";
 
 /// One content block of a reply.
 #[derive(Debug, Clone, PartialEq)]
 enum Block {
-    Text(String),
+    Thinking {
+        /// The thinking shown (empty when omitted).
+        shown: String,
+        signature: String,
+    },
+    RedactedThinking(String),
+    ServerToolUse {
+        id: String,
+        query: String,
+    },
+    SearchResult {
+        tool_use_id: String,
+        result: Value,
+    },
+    Text {
+        text: String,
+        citations: Vec<Value>,
+    },
     ToolUse {
         id: String,
         name: String,
@@ -368,19 +95,93 @@ enum Block {
 impl Block {
     fn json(&self) -> Value {
         match self {
-            Block::Text(text) => json!({"type": "text", "text": text}),
+            Block::Thinking { shown, signature } => {
+                json!({"type": "thinking", "thinking": shown, "signature": signature})
+            }
+            Block::RedactedThinking(data) => json!({"type": "redacted_thinking", "data": data}),
+            Block::ServerToolUse { id, query } => json!({"type": "server_tool_use", "id": id,
+                "name": "web_search", "input": {"query": query}}),
+            Block::SearchResult {
+                tool_use_id,
+                result,
+            } => json!({"type": "web_search_tool_result", "tool_use_id": tool_use_id,
+                "content": [result]}),
+            Block::Text { text, citations } if citations.is_empty() => {
+                json!({"type": "text", "text": text})
+            }
+            Block::Text { text, citations } => {
+                json!({"type": "text", "text": text, "citations": citations})
+            }
             Block::ToolUse { id, name, input } => {
                 json!({"type": "tool_use", "id": id, "name": name, "input": input})
             }
         }
     }
 
-    fn tokens(&self) -> u64 {
+    /// The block as `content_block_start` announces it, and its deltas.
+    fn streamed(&self) -> (Value, Vec<Value>) {
         match self {
-            Block::Text(text) => estimate_tokens(text.chars().count()),
-            Block::ToolUse { input, .. } => estimate_tokens(input.to_string().chars().count()),
+            Block::Thinking { shown, signature } => {
+                let mut deltas: Vec<Value> = shown
+                    .split_inclusive(' ')
+                    .map(|piece| json!({"type": "thinking_delta", "thinking": piece}))
+                    .collect();
+                deltas.push(json!({"type": "signature_delta", "signature": signature}));
+                (
+                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    deltas,
+                )
+            }
+            Block::RedactedThinking(_) | Block::SearchResult { .. } => (self.json(), Vec::new()),
+            Block::ServerToolUse { id, query } => (
+                json!({"type": "server_tool_use", "id": id, "name": "web_search", "input": {}}),
+                input_deltas(&json!({"query": query})),
+            ),
+            Block::Text { text, citations } => {
+                let mut deltas: Vec<Value> = citations
+                    .iter()
+                    .map(|citation| json!({"type": "citations_delta", "citation": citation}))
+                    .collect();
+                deltas.extend(
+                    text.split_inclusive(' ')
+                        .map(|piece| json!({"type": "text_delta", "text": piece})),
+                );
+                if text.is_empty() {
+                    deltas.push(json!({"type": "text_delta", "text": ""}));
+                }
+                let start = if citations.is_empty() {
+                    json!({"type": "text", "text": ""})
+                } else {
+                    json!({"type": "text", "text": "", "citations": []})
+                };
+                (start, deltas)
+            }
+            Block::ToolUse { id, name, input } => (
+                json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                input_deltas(input),
+            ),
         }
     }
+
+    fn tokens(&self, thinking: &str) -> u64 {
+        let chars = match self {
+            Block::Thinking { .. } => thinking.chars().count(),
+            Block::RedactedThinking(data) => data.chars().count(),
+            Block::ServerToolUse { query, .. } => query.chars().count(),
+            Block::SearchResult { .. } => return 0,
+            Block::Text { text, .. } => text.chars().count(),
+            Block::ToolUse { input, .. } => input.to_string().chars().count(),
+        };
+        estimate_tokens(chars)
+    }
+}
+
+/// A tool input's JSON as `input_json_delta`s.
+fn input_deltas(input: &Value) -> Vec<Value> {
+    json_pieces(&input.to_string())
+        .into_iter()
+        .map(|piece| json!({"type": "input_json_delta", "partial_json": piece}))
+        .collect()
 }
 
 /// The mock's answer to a (valid) messages request, in every form.
@@ -389,6 +190,9 @@ pub(crate) struct Reply {
     seq: u64,
     model: Value,
     blocks: Vec<Block>,
+    /// The whole thinking text (what the signature seals).
+    thinking: String,
+    searched: bool,
     stop_reason: &'static str,
     stop_sequence: Option<String>,
     input_tokens: u64,
@@ -398,22 +202,60 @@ impl Reply {
     /// The reply to `request` as call number `seq`; `content` fixes the
     /// text (see the module's documentation).
     pub(crate) fn new(request: &Value, seq: u64, content: Option<&str>) -> Reply {
+        let asks = Asks::of(request);
         let last = last_user_text(request);
+        let lower = last.to_lowercase();
         let echo: String = last.chars().take(ECHO_CHARS).collect();
         let text = match content {
             Some(content) => content.to_owned(),
             None => format!("mock answer #{seq} to: {echo}"),
         };
+        let thinking = format!("mock thinking #{seq} about: {echo}");
+        let mut blocks = Vec::new();
+        if asks.thinking {
+            blocks.push(Block::Thinking {
+                shown: if asks.thinking_omitted {
+                    String::new()
+                } else {
+                    thinking.clone()
+                },
+                signature: seal::seal(THINKING_SEAL, &thinking),
+            });
+            if lower.contains("redact") {
+                let data = seal::seal(REDACTED_SEAL, &format!("mock redacted thinking #{seq}"));
+                blocks.push(Block::RedactedThinking(data));
+            }
+        }
         let tool = tool_call(request, &last, &echo, seq);
-        let (blocks, stop_reason, stop_sequence) = match tool {
-            Some((block, true)) => (vec![block], "tool_use", None),
+        let searched = asks.web_search && lower.contains("search") && tool.is_none();
+        let mut citations = Vec::new();
+        if searched {
+            let id = format!("srvtoolu_mock_{seq}");
+            let (result, citation) = search_result(seq, &echo);
+            blocks.push(Block::ServerToolUse {
+                id: id.clone(),
+                query: echo.clone(),
+            });
+            blocks.push(Block::SearchResult {
+                tool_use_id: id,
+                result,
+            });
+            citations.push(citation);
+        }
+        let (stop_reason, stop_sequence) = match tool {
+            Some((block, true)) => {
+                blocks.push(block);
+                ("tool_use", None)
+            }
             tool => {
                 let (text, stop_reason, stop_sequence) = ended(text, request);
+                blocks.push(Block::Text { text, citations });
                 match tool {
                     Some((block, _)) if stop_reason == "end_turn" => {
-                        (vec![Block::Text(text), block], "tool_use", None)
+                        blocks.push(block);
+                        ("tool_use", None)
                     }
-                    _ => (vec![Block::Text(text)], stop_reason, stop_sequence),
+                    _ => (stop_reason, stop_sequence),
                 }
             }
         };
@@ -421,6 +263,8 @@ impl Reply {
             seq,
             model: request.get("model").cloned().unwrap_or(json!("mock")),
             blocks,
+            thinking,
+            searched,
             stop_reason,
             stop_sequence,
             input_tokens: input_tokens(request),
@@ -432,16 +276,20 @@ impl Reply {
     }
 
     fn output_tokens(&self) -> u64 {
-        self.blocks.iter().map(Block::tokens).sum()
+        self.blocks.iter().map(|b| b.tokens(&self.thinking)).sum()
     }
 
     fn usage(&self, output_tokens: u64) -> Value {
-        json!({
+        let mut usage = json!({
             "input_tokens": self.input_tokens,
             "output_tokens": output_tokens,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
-        })
+        });
+        if self.searched {
+            usage["server_tool_use"] = json!({"web_search_requests": 1});
+        }
+        usage
     }
 
     /// The plain answer: Anthropic's `message` object.
@@ -460,11 +308,16 @@ impl Reply {
 
     /// The streamed answer, as (event type, data) pairs: `message_start`
     /// (no content, `output_tokens: 1`), per block `content_block_start`,
-    /// its deltas (the text split after each space; the tool input's JSON
-    /// in pieces of up to 12 bytes, always at least two for an input of
-    /// two bytes or more) and `content_block_stop`, with a `ping` after the
-    /// first `content_block_start`; then `message_delta` (the stop reason,
-    /// `output_tokens`) and `message_stop`.
+    /// its deltas and `content_block_stop`, with a `ping` after the first
+    /// `content_block_start`; then `message_delta` (the stop reason and the
+    /// usage) and `message_stop`. The deltas, by block: `thinking` starts
+    /// empty, then `thinking_delta`s (its text split after each space) and
+    /// one `signature_delta`; `redacted_thinking` and
+    /// `web_search_tool_result` start whole, without deltas;
+    /// `server_tool_use` and `tool_use` start with `input: {}`, then their
+    /// input's JSON in `input_json_delta`s of up to 12 bytes (at least two
+    /// for two bytes or more); text starts empty, then a `citations_delta`
+    /// per citation and `text_delta`s (split after each space).
     pub(crate) fn events(&self) -> Vec<(&'static str, Value)> {
         let mut start = self.message();
         start["content"] = json!([]);
@@ -477,25 +330,7 @@ impl Reply {
         )];
         let ping = ("ping", json!({"type": "ping"}));
         for (index, block) in self.blocks.iter().enumerate() {
-            let (empty, deltas): (Value, Vec<Value>) = match block {
-                Block::Text(text) => {
-                    let mut pieces: Vec<Value> = text
-                        .split_inclusive(' ')
-                        .map(|piece| json!({"type": "text_delta", "text": piece}))
-                        .collect();
-                    if pieces.is_empty() {
-                        pieces.push(json!({"type": "text_delta", "text": ""}));
-                    }
-                    (json!({"type": "text", "text": ""}), pieces)
-                }
-                Block::ToolUse { id, name, input } => (
-                    json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
-                    json_pieces(&input.to_string())
-                        .into_iter()
-                        .map(|piece| json!({"type": "input_json_delta", "partial_json": piece}))
-                        .collect(),
-                ),
-            };
+            let (empty, deltas) = block.streamed();
             events.push((
                 "content_block_start",
                 json!({"type": "content_block_start", "index": index, "content_block": empty}),
@@ -517,12 +352,16 @@ impl Reply {
         if self.blocks.is_empty() {
             events.push(ping);
         }
+        let mut usage = json!({"output_tokens": self.output_tokens()});
+        if self.searched {
+            usage["server_tool_use"] = json!({"web_search_requests": 1});
+        }
         events.push((
             "message_delta",
             json!({
                 "type": "message_delta",
                 "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
-                "usage": {"output_tokens": self.output_tokens()},
+                "usage": usage,
             }),
         ));
         events.push(("message_stop", json!({"type": "message_stop"})));
@@ -533,16 +372,16 @@ impl Reply {
     /// stop sequence or `max_tokens` cut.
     pub(crate) fn paddable(&self) -> bool {
         matches!(self.stop_reason, "end_turn" | "tool_use")
-            && self.blocks.iter().any(|b| matches!(b, Block::Text(_)))
+            && self.blocks.iter().any(|b| matches!(b, Block::Text { .. }))
     }
 
     /// The same reply with `text` as its text block's.
     fn with_text(&self, text: &str) -> Reply {
         let mut reply = self.clone();
-        if let Some(Block::Text(old)) = reply
+        if let Some(Block::Text { text: old, .. }) = reply
             .blocks
             .iter_mut()
-            .find(|b| matches!(b, Block::Text(_)))
+            .find(|b| matches!(b, Block::Text { .. }))
         {
             text.clone_into(old);
         }
@@ -553,8 +392,8 @@ impl Reply {
     /// bytes (unchanged when not [`Reply::paddable`]).
     fn padded(&self, pad: Option<u64>, size_of: impl Fn(&Reply) -> usize) -> Reply {
         let text = self.blocks.iter().find_map(|b| match b {
-            Block::Text(text) => Some(text.clone()),
-            Block::ToolUse { .. } => None,
+            Block::Text { text, .. } => Some(text.clone()),
+            _ => None,
         });
         match (pad, text) {
             (Some(pad), Some(text)) if self.paddable() => {
@@ -564,6 +403,28 @@ impl Reply {
             _ => self.clone(),
         }
     }
+}
+
+/// The one result of the mock's web search `seq` for `query`, and the
+/// text's citation of it.
+fn search_result(seq: u64, query: &str) -> (Value, Value) {
+    let url = format!("https://search.mock.invalid/result/{seq}");
+    let title = format!("Mock result #{seq}");
+    let result = json!({
+        "type": "web_search_result",
+        "url": url,
+        "title": title,
+        "encrypted_content": seal::seal(SEARCH_SEAL, &format!("{url} {query}")),
+        "page_age": "January 1, 2026",
+    });
+    let citation = json!({
+        "type": "web_search_result_location",
+        "url": url,
+        "title": title,
+        "encrypted_index": seal::seal(SEARCH_SEAL, &format!("{url} #0")),
+        "cited_text": format!("mock search result for: {query}"),
+    });
+    (result, citation)
 }
 
 /// `text` ended as the request's `stop_sequences` and `max_tokens` end it:
@@ -608,6 +469,7 @@ fn tool_call(request: &Value, last: &str, echo: &str, seq: u64) -> Option<(Block
         .into_iter()
         .flatten()
         .filter(|tool| tool.get("name").is_some_and(Value::is_string))
+        .filter(|tool| tool.get("input_schema").is_some())
         .collect();
     let named = |name: &str| {
         tools
@@ -616,25 +478,22 @@ fn tool_call(request: &Value, last: &str, echo: &str, seq: u64) -> Option<(Block
             .find(|tool| tool.get("name").and_then(Value::as_str) == Some(name))
     };
     let choice = request.get("tool_choice");
-    let (tool, forced) = match choice.and_then(|c| c.get("type")).and_then(Value::as_str) {
+    let (tool, forced, given) = match choice.and_then(|c| c.get("type")).and_then(Value::as_str) {
         Some("none") => return None,
-        Some("tool") => (named(choice?.get("name")?.as_str()?)?, true),
-        Some("any") => (*tools.first()?, true),
+        Some("tool") => (named(choice?.get("name")?.as_str()?)?, true, None),
+        Some("any") => (*tools.first()?, true, None),
         _ => {
-            let at = last.to_ascii_lowercase().find(TOOL_MARKER)?;
-            let word: String = last[at + TOOL_MARKER.len()..]
-                .trim_start()
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '-')
-                .collect();
-            (named(&word).or_else(|| tools.first().copied())?, false)
+            let marked = marked_tool(last)?;
+            let tool = named(&marked.name).or_else(|| tools.first().copied())?;
+            (tool, false, marked.input.filter(Value::is_object))
         }
     };
     let name = tool.get("name")?.as_str()?.to_owned();
+    let input = given.unwrap_or_else(|| super::answer::tool_input(tool.get("input_schema"), echo));
     let block = Block::ToolUse {
         id: format!("toolu_mock_{seq}"),
         name,
-        input: super::answer::tool_input(tool.get("input_schema"), echo),
+        input,
     };
     Some((block, forced))
 }
@@ -658,87 +517,6 @@ pub(crate) fn json_pieces(json: &str) -> Vec<String> {
     pieces
 }
 
-/// The text of the last `user` message.
-fn last_user_text(request: &Value) -> String {
-    request
-        .get("messages")
-        .and_then(Value::as_array)
-        .and_then(|messages| {
-            messages
-                .iter()
-                .rev()
-                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-        })
-        .map(|message| content_text(message.get("content")))
-        .unwrap_or_default()
-}
-
-/// What the call log shows as the prompt: the last user text, its first
-/// 200 characters.
-pub(crate) fn echoed(request: &Value) -> String {
-    last_user_text(request).chars().take(ECHO_CHARS).collect()
-}
-
-/// The text of a message's (or a tool result's) content: the string, or
-/// its `text` blocks and the text of its `tool_result` blocks joined by
-/// spaces.
-fn content_text(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(blocks)) => blocks
-            .iter()
-            .filter_map(|block| match block.get("type").and_then(Value::as_str) {
-                Some("text") => block.get("text").and_then(Value::as_str).map(str::to_owned),
-                Some("tool_result") => Some(content_text(block.get("content"))),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => String::new(),
-    }
-}
-
-/// The request's input tokens (see the module's documentation).
-pub(crate) fn input_tokens(request: &Value) -> u64 {
-    let system = match request.get("system") {
-        Some(Value::String(text)) => text.chars().count(),
-        Some(Value::Array(blocks)) => blocks
-            .iter()
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .map(|text| text.chars().count())
-            .sum(),
-        _ => 0,
-    };
-    let messages: usize = request
-        .get("messages")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|message| {
-            let content = message.get("content");
-            let inputs: usize = content
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
-                .filter_map(|b| b.get("input"))
-                .map(|input| input.to_string().chars().count())
-                .sum();
-            content_text(content).chars().count() + inputs
-        })
-        .sum();
-    let tools: usize = request
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|tool| tool.to_string().chars().count())
-        .sum();
-    estimate_tokens(system + messages + tools)
-}
-
-/// The body of a plain answer, its text padded so the body is at least
-/// `pad` bytes when `pad` is set and the reply is paddable.
 pub(crate) fn plain_body(reply: &Reply, pad: Option<u64>) -> String {
     let size = |reply: &Reply| reply.message().to_string().len();
     reply.padded(pad, size).message().to_string()

@@ -6,9 +6,13 @@
 //! with vectors that depend only on each item and the dimensions (see
 //! [`embedding_of`]); the same under Azure OpenAI's URLs
 //! (`/openai/deployments/{deployment}/...?api-version=V`, with an `api-key`);
-//! and Anthropic's `POST /v1/messages` (plain or SSE, text, tool calls and
-//! stop reasons) and `POST /v1/messages/count_tokens`, in Anthropic's
-//! shapes. All go through the same behaviour: it can be told, by CLI
+//! Anthropic's `POST /v1/messages` (plain or SSE, text, thinking, tool
+//! calls, server web search, stop reasons) and
+//! `POST /v1/messages/count_tokens`, in Anthropic's shapes; and OpenAI's
+//! Responses API, `POST /v1/responses` (reasoning, function, custom and
+//! web search items, plain or as typed events), spoken natively. Each face
+//! accepts what the real API and its agents (Claude Code, Codex) send and
+//! refuses the rest with that API's 400s. All go through the same behaviour: it can be told, by CLI
 //! flags at start or by the `/_mock` control API at run time, to be slow, to
 //! fail with a chosen status, to drop connections, to answer 200 with
 //! garbage or with a padded (large) answer, or to hold requests until a test
@@ -16,21 +20,32 @@
 //! on arrival, so a test can assert how many upstream calls the gateway made.
 //!
 //! `answer` builds the chat answers (also used by idem's in-process provider
-//! of kind "mock"), `embeddings` the embeddings, `anthropic` the Anthropic
-//! face's validation and answers, `state` keeps counters and held requests,
-//! `routes` is the HTTP surface.
+//! of kind "mock"), `embeddings` the embeddings, `anthropic_request` and
+//! `anthropic` the Anthropic face's validation and answers,
+//! `responses_request` and `responses` the Responses face's, `seal` the
+//! opaque tokens (thinking signatures, encrypted reasoning) the mock checks
+//! when they come back, `state` keeps counters and held requests, `routes`
+//! is the HTTP surface. None of it uses idem's own request path.
 
 mod answer;
 mod anthropic;
+mod anthropic_request;
 mod embeddings;
+mod responses;
+mod responses_request;
 mod routes;
+mod seal;
 mod state;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_anthropic;
 #[cfg(test)]
+mod tests_anthropic_thinking;
+#[cfg(test)]
 mod tests_azure;
+#[cfg(test)]
+mod tests_responses;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -58,9 +73,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// `garbage` instead of a chat completion when set, padded to `pad_bytes`
 /// when set). Embeddings go through the same steps; `content`, `pad_bytes`
 /// and `chunk_delay_ms` do not apply to them. Anthropic's messages go
-/// through them too, failing and garbling in Anthropic's shapes; token
-/// counts too, but `garbage`, `content`, `pad_bytes` and `chunk_delay_ms`
-/// do not apply to them.
+/// through them too, failing and garbling in Anthropic's shapes, and so do
+/// Responses calls, in OpenAI's; token counts too, but `garbage`,
+/// `content`, `pad_bytes` and `chunk_delay_ms` do not apply to them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Behaviour {
@@ -101,8 +116,8 @@ pub struct Behaviour {
 
 /// A 200 answer that is not a well-formed chat completion, as a broken
 /// provider or an intermediary in front of it sends one (Anthropic's
-/// messages have a form of each kind of their own: see the `anthropic`
-/// module's `garbage`). For embeddings
+/// messages and Responses calls have a form of each kind of their own: see
+/// the `anthropic` and `responses` modules' `garbage`). For embeddings
 /// (which do not stream): `not_json`, `truncated`, `empty` and
 /// `error_object` alike, `stream_error` like `error_object`,
 /// `empty_choices` a list with `data: []`, `stream_without_done` and
@@ -268,6 +283,9 @@ pub struct RecordedRequest {
     /// The `anthropic-beta` header, if any.
     #[serde(default)]
     pub anthropic_beta: Option<String>,
+    /// The `OpenAI-Beta` header, if any.
+    #[serde(default)]
+    pub openai_beta: Option<String>,
     /// The deployment named by the URL, on the Azure routes.
     #[serde(default)]
     pub deployment: Option<String>,

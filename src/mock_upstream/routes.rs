@@ -23,6 +23,7 @@ use super::anthropic::{self, Reply};
 use super::embeddings::{self, EmbeddingsRequest, answer_body};
 use super::state::{Arrival, InFlight, Incoming, Outcome, Release, Sent, Shared};
 use super::{Behaviour, Endpoint};
+use super::{responses, responses_request};
 
 /// Request bodies up to this size are accepted (above the gateway's own
 /// limit, so the gateway's limit is the one a test observes).
@@ -48,6 +49,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/responses", post(responses))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/", get(root).head(root))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/_mock/stats", get(stats))
@@ -270,21 +272,11 @@ async fn embeddings_answer(
     json_text(body)
 }
 
-/// The chat request a Responses request asks, read by idem's own
-/// translation (`None`: not one the translation accepts).
-pub(crate) fn responses_chat(request: &Value) -> Option<Value> {
-    let object = request.as_object()?;
-    crate::shapes::responses::to_chat(object, &[])
-        .ok()
-        .map(|t| Value::Object(t.chat))
-}
-
-/// `POST /v1/responses` (OpenAI's Responses API): count and record, refuse
-/// what idem's translation refuses with a 400 at once, then hold, wait,
-/// fail, reset or answer as the behaviour says: the chat answer the
-/// request's chat form would get (its text, tool calls and numbering),
-/// rendered as a `response` object or its typed events. `garbage` and
-/// `pad_bytes` do not apply.
+/// `POST /v1/responses` (OpenAI's Responses API, spoken natively): count
+/// and record, refuse what OpenAI refuses with its 400 at once (naming the
+/// `param`), then hold, wait, fail, reset or answer as the behaviour says:
+/// a `response` object or its typed events, garbled or padded when the
+/// behaviour says so (see the `responses` module).
 async fn responses(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let in_flight = shared.in_flight();
     let (request, valid) = request_of(&body);
@@ -300,36 +292,36 @@ async fn responses(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: 
         shared.count(&arrival, Outcome::Failed(400));
         return error(400, NOT_AN_OBJECT, None);
     };
-    let chat = match crate::shapes::responses::to_chat(object, &[]) {
-        Ok(t) => Value::Object(t.chat),
-        Err(r) => {
-            shared.count(&arrival, Outcome::Failed(400));
-            return error_with_param(400, &r.message, r.param.as_deref(), None);
-        }
-    };
+    if let Err(refusal) = responses_request::validate(object) {
+        shared.count(&arrival, Outcome::Failed(400));
+        let code = StatusCode::BAD_REQUEST;
+        let mut body = error_body(400, &refusal.message, refusal.param.as_deref());
+        body["error"]["code"] = json!(refusal.code);
+        return json_response(code, &body);
+    }
     let (behaviour, release) = match gate(&shared, &arrival, Face::OpenAi).await {
         Ok(go) => go,
         Err(refused) => return refused,
     };
-    shared.count(&arrival, Outcome::Completed);
     let content = release.content.as_deref().or(behaviour.content.as_deref());
-    let completion = super::answer::completion(&chat, arrival.seq, content);
-    let id = format!("resp_mock{}", arrival.seq);
-    let created = completion["created"].as_u64().unwrap_or(0);
-    let echo = crate::shapes::responses::Echo::of(object);
-    if stream {
-        let events =
-            crate::shapes::responses::stream_from_completion(&completion, &id, created, &echo);
-        let frames = String::from_utf8_lossy(&events)
-            .split_inclusive("\n\n")
-            .map(|e| Bytes::from(e.to_owned()))
-            .collect();
-        let delay = Duration::from_millis(behaviour.chunk_delay_ms);
+    let reply = responses::Reply::new(&request, arrival.seq, content);
+    shared.count(
+        &arrival,
+        match (behaviour.garbage, behaviour.pad_bytes) {
+            (Some(_), _) => Outcome::Garbage,
+            (None, Some(_)) if reply.paddable() => Outcome::Padded,
+            _ => Outcome::Completed,
+        },
+    );
+    let delay = Duration::from_millis(behaviour.chunk_delay_ms);
+    if let Some(kind) = behaviour.garbage {
+        let garbled = responses::garbage(kind, &reply, stream);
+        garbled_response(shared, garbled, delay, in_flight)
+    } else if stream {
+        let frames = responses::stream_frames(&reply, behaviour.pad_bytes);
         event_stream(shared, frames, delay, in_flight)
     } else {
-        let response =
-            crate::shapes::responses::response_from_completion(&completion, &id, created, &echo);
-        json_text(response.to_string())
+        json_text(responses::plain_body(&reply, behaviour.pad_bytes))
     }
 }
 
@@ -510,6 +502,7 @@ fn sent_of(headers: &HeaderMap, azure: Option<&Azure>) -> Sent {
         api_key: header("api-key"),
         anthropic_version: header("anthropic-version"),
         anthropic_beta: header("anthropic-beta"),
+        openai_beta: header("openai-beta"),
         deployment: azure.map(|azure| azure.deployment.clone()),
         traceparent: header("traceparent"),
         api_version: azure.and_then(|azure| azure.api_version.clone()),
@@ -718,6 +711,12 @@ async fn pause(shared: &Shared, duration: Duration) {
     }
 }
 
+/// `GET /` and `HEAD /`: 200, for clients that preconnect (Claude Code
+/// sends `HEAD /` first). Not counted as a call.
+async fn root() -> Response {
+    json_response(StatusCode::OK, &json!({"mock": "idem mock-upstream"}))
+}
+
 /// `GET /v1/models`: a small fixed list.
 async fn models() -> Response {
     let data: Vec<Value> = ["mock", "gpt-4o-mini", "gpt-4o"]
@@ -828,7 +827,11 @@ async fn release(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     json_response(StatusCode::OK, &json!({"released": released}))
 }
 
-async fn not_found() -> Response {
+/// Any other path: OpenAI's 404, logged (at `warn`, with the method and
+/// path) so a check can tell which requests of a client the mock does not
+/// serve.
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    tracing::warn!(%method, path = %uri.path(), "mock upstream: no such endpoint");
     let body = json!({"error": {
         "message": "mock: no such endpoint",
         "type": "invalid_request_error",

@@ -94,6 +94,8 @@ pub(crate) struct Sent {
     pub(crate) anthropic_version: Option<String>,
     /// `anthropic-beta`.
     pub(crate) anthropic_beta: Option<String>,
+    /// `OpenAI-Beta`.
+    pub(crate) openai_beta: Option<String>,
     /// The deployment named by an Azure URL.
     pub(crate) deployment: Option<String>,
     /// `traceparent`: the W3C trace context of the call, if sent.
@@ -183,9 +185,7 @@ impl Shared {
             Endpoint::ChatCompletions => super::answer::echoed(&body),
             Endpoint::Embeddings => super::embeddings::echoed(&body),
             Endpoint::Messages | Endpoint::CountTokens => super::anthropic::echoed(&body),
-            Endpoint::Responses => super::routes::responses_chat(&body)
-                .map(|chat| super::answer::echoed(&chat))
-                .unwrap_or_default(),
+            Endpoint::Responses => super::responses_request::echoed(&body),
         };
         let mut call = CallRecord {
             seq: 0,
@@ -373,6 +373,7 @@ impl Shared {
                 api_key: r.sent.api_key.clone(),
                 anthropic_version: r.sent.anthropic_version.clone(),
                 anthropic_beta: r.sent.anthropic_beta.clone(),
+                openai_beta: r.sent.openai_beta.clone(),
                 deployment: r.sent.deployment.clone(),
                 api_version: r.sent.api_version.clone(),
                 stream: r.stream,

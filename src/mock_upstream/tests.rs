@@ -215,10 +215,13 @@ async fn the_responses_api_answers_plain_streamed_and_with_a_function_call() {
         .unwrap();
     assert_eq!(call["name"], "lookup");
     assert_eq!(call["call_id"], "call_mock_3");
-    // What idem's translation refuses, the mock refuses: a built-in tool.
-    let refused = json!({"model": "gpt-test", "input": "hi", "tools": [{"type": "web_search"}]});
+    // What OpenAI refuses, the mock refuses: a tool of no known type.
+    let refused = json!({"model": "gpt-test", "input": "hi", "tools": [{"type": "teleport"}]});
     let response = client.post(&url).json(&refused).send().await.unwrap();
     assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "tools[0].type");
+    assert_eq!(error["error"]["code"], "invalid_value");
     let stats = server.stats();
     assert_eq!(stats.calls, 4);
     assert_eq!(
@@ -1575,4 +1578,74 @@ fn the_embedding_derivation_is_the_documented_one() {
         embedding_of(&json!("a"), 2),
         vec![(x / norm) as f32, (y / norm) as f32]
     );
+}
+
+#[tokio::test]
+async fn response_format_answers_a_json_object_that_fits_the_schema() {
+    let server = start(Behaviour::default()).await;
+    let client = client();
+    let mut body = chat("who are you?");
+    body["response_format"] = json!({"type": "json_object"});
+    let answer: Value = post(&client, &server, &body).await.json().await.unwrap();
+    let parsed: Value = serde_json::from_str(content(&answer)).unwrap();
+    assert_eq!(parsed, json!({"answer": "mock answer #1 to: who are you?"}));
+
+    // A schema as pydantic (instructor) writes one: $defs, $ref, enum,
+    // anyOf with null, nested objects, arrays.
+    body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "User",
+    "strict": true, "schema": {
+        "$defs": {"Role": {"type": "string", "enum": ["admin", "user"]},
+            "Address": {"type": "object", "properties": {"city": {"type": "string"},
+                "zip": {"type": "integer"}}, "required": ["city", "zip"]}},
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"}, "age": {"type": "integer"},
+            "score": {"type": "number"}, "active": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "role": {"$ref": "#/$defs/Role"}, "address": {"$ref": "#/$defs/Address"},
+            "nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "optional": {"type": "string"},
+        },
+        "required": ["name", "age", "score", "active", "tags", "role", "address", "nickname"],
+    }}});
+    let answer: Value = post(&client, &server, &body).await.json().await.unwrap();
+    let parsed: Value = serde_json::from_str(content(&answer)).unwrap();
+    let text = "mock answer #2 to: who are you?";
+    assert_eq!(
+        parsed,
+        json!({"name": text, "age": 1, "score": 1, "active": true, "tags": [], "role": "admin",
+            "address": {"city": text, "zip": 1}, "nickname": text})
+    );
+
+    // The in-process answer (idem's provider of kind "mock") is the same,
+    // plain and streamed.
+    let completion = super::completion(&body, 7, None);
+    let parsed: Value = serde_json::from_str(
+        completion["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(parsed["age"], 1);
+    let streamed: String = super::completion_chunks(&body, 7, None)
+        .iter()
+        .filter_map(|c| {
+            let c: Value = serde_json::from_str(c).unwrap();
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(
+        streamed,
+        completion["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+    );
+    // A fixed content is left as it is.
+    assert_eq!(
+        super::completion(&body, 7, Some("plain"))["choices"][0]["message"]["content"],
+        "plain"
+    );
+    server.shutdown().await;
 }

@@ -7,15 +7,15 @@ use serde_json::{Value, json};
 use super::tests::{SAFETY, client, control, held, start};
 use super::*;
 
-const KEY: &str = "sk-ant-test";
+pub(super) const KEY: &str = "sk-ant-test";
 
-fn ask(text: &str) -> Value {
+pub(super) fn ask(text: &str) -> Value {
     json!({"model": "claude-test", "max_tokens": 1024, "messages": [
         {"role": "user", "content": text},
     ]})
 }
 
-fn weather() -> Value {
+pub(super) fn weather() -> Value {
     json!({
         "name": "get_weather",
         "description": "The weather somewhere.",
@@ -55,12 +55,16 @@ async fn send(
         .unwrap()
 }
 
-async fn message(client: &reqwest::Client, server: &MockServer, body: &Value) -> reqwest::Response {
+pub(super) async fn message(
+    client: &reqwest::Client,
+    server: &MockServer,
+    body: &Value,
+) -> reqwest::Response {
     send(client, server, "messages", body).await
 }
 
 /// A successful plain answer's body.
-async fn answered(client: &reqwest::Client, server: &MockServer, body: &Value) -> Value {
+pub(super) async fn answered(client: &reqwest::Client, server: &MockServer, body: &Value) -> Value {
     let response = message(client, server, body).await;
     assert_eq!(response.status(), 200);
     response.json().await.unwrap()
@@ -68,7 +72,7 @@ async fn answered(client: &reqwest::Client, server: &MockServer, body: &Value) -
 
 /// The (event, data) pairs of an Anthropic SSE body; each frame must be
 /// `event: <type>\ndata: <json>` with the data's `type` the event's.
-fn frames(text: &str) -> Vec<(String, Value)> {
+pub(super) fn frames(text: &str) -> Vec<(String, Value)> {
     text.split("\n\n")
         .filter(|frame| !frame.is_empty())
         .map(|frame| {
@@ -81,7 +85,7 @@ fn frames(text: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
-async fn streamed(
+pub(super) async fn streamed(
     client: &reqwest::Client,
     server: &MockServer,
     body: &Value,
@@ -96,7 +100,7 @@ async fn streamed(
 }
 
 /// The text blocks' text of a message.
-fn text(message: &Value) -> String {
+pub(super) fn text(message: &Value) -> String {
     message["content"]
         .as_array()
         .unwrap()
@@ -110,7 +114,7 @@ fn text(message: &Value) -> String {
 /// `message_start` message, each block from its start and deltas (a tool
 /// input from its `partial_json` pieces), the stop reason and usage of the
 /// `message_delta`.
-fn assemble(events: &[(String, Value)]) -> Value {
+pub(super) fn assemble(events: &[(String, Value)]) -> Value {
     let mut message = events[0].1["message"].clone();
     let mut json_parts: Vec<String> = Vec::new();
     for (event, data) in events {
@@ -133,10 +137,25 @@ fn assemble(events: &[(String, Value)]) -> Value {
                     "input_json_delta" => {
                         json_parts[index].push_str(data["delta"]["partial_json"].as_str().unwrap());
                     }
+                    "thinking_delta" => {
+                        let text = block["thinking"].as_str().unwrap().to_owned();
+                        block["thinking"] =
+                            json!(text + data["delta"]["thinking"].as_str().unwrap());
+                    }
+                    "signature_delta" => block["signature"] = data["delta"]["signature"].clone(),
+                    "citations_delta" => block["citations"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(data["delta"]["citation"].clone()),
                     other => panic!("delta {other}"),
                 }
             }
-            "content_block_stop" if message["content"][index]["type"] == "tool_use" => {
+            "content_block_stop"
+                if matches!(
+                    message["content"][index]["type"].as_str(),
+                    Some("tool_use" | "server_tool_use")
+                ) =>
+            {
                 message["content"][index]["input"] =
                     serde_json::from_str(&json_parts[index]).unwrap();
             }
@@ -144,6 +163,9 @@ fn assemble(events: &[(String, Value)]) -> Value {
                 message["stop_reason"] = data["delta"]["stop_reason"].clone();
                 message["stop_sequence"] = data["delta"]["stop_sequence"].clone();
                 message["usage"]["output_tokens"] = data["usage"]["output_tokens"].clone();
+                if let Some(server) = data["usage"].get("server_tool_use") {
+                    message["usage"]["server_tool_use"] = server.clone();
+                }
             }
             _ => {}
         }
@@ -151,7 +173,7 @@ fn assemble(events: &[(String, Value)]) -> Value {
     message
 }
 
-fn names(events: &[(String, Value)]) -> Vec<&str> {
+pub(super) fn names(events: &[(String, Value)]) -> Vec<&str> {
     events.iter().map(|(event, _)| event.as_str()).collect()
 }
 
@@ -543,7 +565,7 @@ async fn invalid_requests_are_anthropic_s_400s() {
                 b["messages"] =
                     json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
             }),
-            "messages.0.role",
+            "first message",
         ),
         (
             with(&|b| b["messages"][0]["role"] = json!("tool")),

@@ -1,15 +1,17 @@
 //! Kind `azure`: Azure OpenAI. A target's `model` names the deployment:
 //! `POST {base_url}/openai/deployments/{deployment}/chat/completions?api-version=V`
 //! (and `.../embeddings`), with the key in an `api-key` header. Requests and
-//! replies are OpenAI's wire format, as they are.
+//! replies are OpenAI's wire format, as they are. It speaks chat
+//! completions and embeddings.
 
 use bytes::Bytes;
 use reqwest::header::{HeaderName, HeaderValue};
 use secrecy::{ExposeSecret, SecretString};
 
 use super::openai::secret_header;
-use super::{Dialect, Endpoint, Outgoing, Reading};
+use super::{Api, Outgoing};
 use crate::config::{AZURE_API_VERSION, ProviderConfig, chat_url};
+use crate::dialect::{Dialect, Forwarded};
 
 /// The Azure OpenAI dialect of one resource.
 #[derive(Debug)]
@@ -41,11 +43,12 @@ impl Azure {
         })
     }
 
-    /// The URL of `deployment`'s `endpoint`.
-    pub fn url(&self, deployment: &str, endpoint: Endpoint) -> Result<reqwest::Url, String> {
-        let path = match endpoint {
-            Endpoint::Chat => "chat/completions",
-            Endpoint::Embeddings => "embeddings",
+    /// The URL of `deployment`'s API for `dialect`.
+    pub fn url(&self, deployment: &str, dialect: Dialect) -> Result<reqwest::Url, String> {
+        let path = match dialect {
+            Dialect::Chat => "chat/completions",
+            Dialect::Embeddings => "embeddings",
+            other => return Err(format!("Azure OpenAI does not speak {}", other.as_str())),
         };
         let mut url = self.deployments.clone();
         url.path_segments_mut()
@@ -59,14 +62,23 @@ impl Azure {
     }
 }
 
-impl Dialect for Azure {
+impl Api for Azure {
+    fn speaks(&self, dialect: Dialect) -> bool {
+        matches!(dialect, Dialect::Chat | Dialect::Embeddings)
+    }
+
     /// The deployment is the target's model.
-    fn request(&self, endpoint: Endpoint, model: &str, body: Bytes) -> Result<Outgoing, String> {
+    fn request(
+        &self,
+        dialect: Dialect,
+        model: &str,
+        body: Bytes,
+        forwarded: &Forwarded,
+    ) -> Result<Outgoing, String> {
         Ok(Outgoing {
-            url: self.url(model, endpoint)?,
-            headers: self.headers.clone(),
+            url: self.url(model, dialect)?,
+            headers: super::with_forwarded(&self.headers, forwarded),
             body,
-            reading: Reading::default(),
         })
     }
 }
@@ -89,14 +101,14 @@ mod tests {
             "https://res.openai.azure.com",
             "https://res.openai.azure.com/",
         ] {
-            let url = azure(base).url("gpt4o-prod", Endpoint::Chat).unwrap();
+            let url = azure(base).url("gpt4o-prod", Dialect::Chat).unwrap();
             assert_eq!(
                 url.as_str(),
                 "https://res.openai.azure.com/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21"
             );
         }
         let url = azure("http://127.0.0.1:9/prefix")
-            .url("emb 1", Endpoint::Embeddings)
+            .url("emb 1", Dialect::Embeddings)
             .unwrap();
         assert_eq!(
             url.as_str(),
@@ -108,7 +120,12 @@ mod tests {
     fn the_key_goes_in_an_api_key_header() {
         let a = azure("https://res.openai.azure.com");
         let out = a
-            .request(Endpoint::Chat, "d", Bytes::from_static(br#"{"model":"d"}"#))
+            .request(
+                Dialect::Chat,
+                "d",
+                Bytes::from_static(br#"{"model":"d"}"#),
+                &Forwarded::default(),
+            )
             .unwrap();
         assert_eq!(out.headers.len(), 1);
         assert_eq!(out.headers[0].0, "api-key");

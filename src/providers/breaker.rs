@@ -37,9 +37,15 @@ impl Health {
     pub fn of(answer: &Answer) -> Health {
         match answer.failure {
             // Garbage in a 200 is a provider (or its proxy) that is not well.
-            Some(Failure::Connect | Failure::Timeout | Failure::Broken | Failure::BadAnswer) => {
-                Health::Down
-            }
+            // So is a provider that refuses idem's key: no call to it can
+            // succeed until the operator fixes the key.
+            Some(
+                Failure::Connect
+                | Failure::Timeout
+                | Failure::Broken
+                | Failure::BadAnswer
+                | Failure::Credentials,
+            ) => Health::Down,
             Some(Failure::LeaderLost) => Health::Neutral,
             // The provider answered; whether the content is acceptable is
             // the route's contract, not the provider's health, and whether
@@ -112,6 +118,13 @@ impl Breaker {
     }
 
     /// Its settings.
+    /// The gauge this breaker reports its state to (shared by the breakers
+    /// a pattern route makes for the names it serves: one label per target
+    /// of the configuration, not per name a client asked).
+    pub fn gauge(&self) -> metrics::Gauge {
+        self.gauge.clone()
+    }
+
     pub fn settings(&self) -> BreakerConfig {
         self.config
     }
@@ -307,6 +320,7 @@ mod tests {
         use crate::answer::Form;
         use std::time::SystemTime;
         let answer = |status: u16, failure: Option<Failure>| Answer {
+            dialect: crate::dialect::Dialect::Chat,
             status: reqwest::StatusCode::from_u16(status).unwrap(),
             form: Form::Plain,
             body: bytes::Bytes::new(),
@@ -346,6 +360,10 @@ mod tests {
         assert_eq!(
             Health::of(&answer(502, Some(Failure::TooLarge))),
             Health::Up
+        );
+        assert_eq!(
+            Health::of(&answer(502, Some(Failure::Credentials))),
+            Health::Down
         );
     }
 }

@@ -1,14 +1,18 @@
 //! Providers: the upstream LLM APIs idem calls, last stage of the request
-//! path. The core speaks one wire format, OpenAI's; each provider kind is a
-//! [`Dialect`] that turns a call into its own HTTP request and reads its
-//! reply back in OpenAI's format: [`openai`] (any OpenAI-compatible base
-//! URL), [`azure`] (Azure OpenAI deployments) and [`anthropic`] (the
-//! Messages API, translated both ways). Calls go over a pooled keep-alive
-//! HTTP client; kind `mock` answers in-process (the embedded default and the
+//! path. Each provider kind is an [`Api`]: which dialects it speaks and the
+//! HTTP request of a call in one of them (its URL, its key): [`openai`]
+//! (any OpenAI-compatible base URL: chat completions, embeddings, and the
+//! Responses API with `responses_api`), [`azure`] (Azure OpenAI
+//! deployments: chat completions and embeddings) and [`anthropic`] (the
+//! Messages API and its token count). A body goes as it is and the reply
+//! comes back as it is: translating between dialects is `translate`'s, not
+//! a provider's. Calls go over a pooled keep-alive HTTP client; kind `mock`
+//! answers chat and embeddings in-process (the embedded default and the
 //! demo).
 //!
-//! A provider call never sees the client's headers: idem sends only the body,
-//! its own content type, and the provider's own key. Whatever happens is
+//! A provider call sees of the client's headers only those that change the
+//! answer in its dialect ([`Forwarded`]: `anthropic-beta`, ...); idem adds
+//! its own content type and the provider's own key. Whatever happens is
 //! reported as an [`UpstreamReply`] (the provider answered with a status) or
 //! a [`CallError`] whose variant says whether the provider may have done the
 //! work (docs/design.md, "Jobs and attempts": `failed` versus `unknown`).
@@ -32,6 +36,7 @@ use secrecy::SecretString;
 
 use crate::answer::{Answer, Failure};
 use crate::config::{Config, ProviderConfig, ProviderKind};
+use crate::dialect::{Dialect, Forwarded};
 
 /// A body as it arrives from the provider, chunk by chunk.
 pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, CallError>> + Send>>;
@@ -69,6 +74,24 @@ impl CallError {
             self,
             CallError::Connect { .. } | CallError::Untranslatable { .. }
         )
+    }
+
+    /// This error with every cause under it (`error sending request` says
+    /// nothing; `Connection refused`, a DNS failure or a certificate error
+    /// does), for the log: the client is told less.
+    pub fn with_causes(&self) -> String {
+        let mut out = self.to_string();
+        // The first source is in the message already.
+        let mut next = std::error::Error::source(self).and_then(std::error::Error::source);
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
+            next = cause.source();
+        }
+        out
     }
 
     /// True when a request went out (and is counted as an upstream call).
@@ -120,80 +143,50 @@ pub struct UpstreamReply {
     pub body: BodyStream,
 }
 
-/// How one kind of provider is spoken to: the HTTP request a call makes of
-/// idem's request (OpenAI's wire format, carrying the target's model), and
-/// the provider's reply read back in OpenAI's wire format, so that nothing
-/// after the provider (the flight, the caches, the checks, the renderings)
-/// knows which kind answered. Errors keep their meaning across kinds: the
-/// status a reply is read back with classifies it as the attempt
-/// outcomes of docs/design.md, "Jobs and attempts", do.
-pub trait Dialect: Send + Sync + std::fmt::Debug {
-    /// The request of a call to `endpoint` for the upstream `model` (the
-    /// body carries it too), or why this kind cannot take it (nothing is
-    /// sent then).
-    fn request(&self, endpoint: Endpoint, model: &str, body: Bytes) -> Result<Outgoing, String>;
+/// How one kind of provider is spoken to: the dialects its API speaks,
+/// and the HTTP request of a call in one of them.
+pub trait Api: Send + Sync + std::fmt::Debug {
+    fn speaks(&self, dialect: Dialect) -> bool;
 
-    /// The provider's reply to `outgoing`, in OpenAI's wire format. `limit`
-    /// is the provider's `max_answer_bytes`: a reply that must be read whole
-    /// before it can be translated is read no further than that.
-    fn reply(&self, reading: &Reading, reply: UpstreamReply, limit: usize) -> UpstreamReply {
-        let _ = (reading, limit);
-        reply
-    }
-
-    /// The request that counts a chat request's prompt tokens, when the
-    /// provider's API has one (certification uses it where idem knows no
-    /// tokenizer for the model); its answer is `{"input_tokens": N}`.
-    fn count_tokens(&self, model: &str, body: Bytes) -> Option<Result<Outgoing, String>> {
-        let _ = (model, body);
-        None
-    }
+    /// The request of a call in `dialect` to the upstream `model` (the body
+    /// carries it too), with the client's `forwarded` headers, or why this
+    /// kind cannot take it (nothing is sent then).
+    fn request(
+        &self,
+        dialect: Dialect,
+        model: &str,
+        body: Bytes,
+        forwarded: &Forwarded,
+    ) -> Result<Outgoing, String>;
 }
 
 /// An HTTP request to a provider.
 #[derive(Debug)]
 pub struct Outgoing {
     pub url: reqwest::Url,
-    /// The provider's own headers (its key among them); idem adds the
-    /// content type.
+    /// The provider's own headers (its key among them) and the client's
+    /// forwarded ones; idem adds the content type.
     pub headers: Vec<(header::HeaderName, HeaderValue)>,
     pub body: Bytes,
-    /// What reading the reply needs to know of the request.
-    pub reading: Reading,
 }
 
-/// What a dialect's reply translation needs to know of its request.
-#[derive(Debug, Clone, Default)]
-pub struct Reading {
-    /// The request asked for a stream.
-    pub stream: bool,
-    /// The request asked for a usage chunk at the end of its stream.
-    pub include_usage: bool,
-    /// The name of the tool that carries a `response_format`'s JSON
-    /// (Anthropic): its input is the answer's content.
-    pub json_tool: Option<String>,
-    /// The call went to a Responses API (`responses_api = true`): its reply
-    /// is read back into chat.
-    pub responses: bool,
-}
-
-impl Reading {
-    /// What a chat request says of its reply's form: whether it streams,
-    /// and whether its stream ends with usage (`stream_options`).
-    pub fn of_chat(chat: &serde_json::Map<String, serde_json::Value>) -> Reading {
-        let stream = chat.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
-        let include_usage = stream
-            && chat
-                .get("stream_options")
-                .and_then(|o| o.get("include_usage"))
-                .and_then(serde_json::Value::as_bool)
-                == Some(true);
-        Reading {
-            stream,
-            include_usage,
-            ..Reading::default()
+/// A provider's own headers with the client's forwarded ones: a forwarded
+/// header replaces the provider's of the same name (`anthropic-version`).
+fn with_forwarded(
+    own: &[(header::HeaderName, HeaderValue)],
+    forwarded: &Forwarded,
+) -> Vec<(header::HeaderName, HeaderValue)> {
+    let mut headers: Vec<_> = own
+        .iter()
+        .filter(|(name, _)| forwarded.get(name.as_str()).is_none())
+        .cloned()
+        .collect();
+    for (name, value) in forwarded.iter() {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            headers.push((header::HeaderName::from_static(name), v));
         }
     }
+    headers
 }
 
 /// One configured provider.
@@ -205,13 +198,19 @@ pub struct Provider {
     pub max_answer_bytes: usize,
     /// Streamed calls ask for usage (`stream_usage`).
     pub stream_usage: bool,
-    /// A Responses request of idem's Responses face goes to its Responses
-    /// API as the client wrote it (`responses_api`).
-    pub responses_api: bool,
+    /// `max_tokens` of a request translated for its Messages API, when the
+    /// client set none (kind `anthropic`).
+    pub default_max_tokens: u32,
     upstream: Upstream,
     client: reqwest::Client,
     mock_seq: AtomicU64,
+    /// When a refusal of idem's credentials was last logged.
+    auth_warned: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often a provider's refusal of idem's credentials is logged: every
+/// request would repeat it, and once a minute is enough to be seen.
+pub const AUTH_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for Provider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -223,23 +222,13 @@ impl std::fmt::Debug for Provider {
     }
 }
 
-/// The provider API a call goes to: one per endpoint idem serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// Chat completions (`POST {base_url}/chat/completions` of an
-    /// OpenAI-compatible provider).
-    Chat,
-    /// Embeddings (`POST {base_url}/embeddings`).
-    Embeddings,
-}
-
 /// Where a provider's calls go.
 #[derive(Debug)]
 enum Upstream {
     /// `kind = "mock"`: answered in process.
     Mock,
-    /// Over HTTP, in this dialect.
-    Http(Box<dyn Dialect>),
+    /// Over HTTP, to this kind's API.
+    Http(Box<dyn Api>),
 }
 
 /// True when `Authorization: Bearer <key>` is a valid header value (and so
@@ -336,85 +325,71 @@ impl Provider {
             timeout: config.timeout,
             max_answer_bytes: config.max_answer_bytes,
             stream_usage: config.stream_usage,
-            responses_api: config.responses_api,
+            default_max_tokens: config.max_tokens,
             upstream,
             client,
             mock_seq: AtomicU64::new(0),
+            auth_warned: std::sync::Mutex::new(None),
         })
     }
 
-    /// Sends a body (already carrying the upstream `model`) to `endpoint` and
-    /// returns once the provider has answered with a status, in OpenAI's
-    /// wire format whatever its kind. `timeout` bounds the wait for the head
-    /// and every pause between body chunks.
+    /// True when a refusal of idem's credentials by this provider should be
+    /// logged now: once per [`AUTH_WARNING_INTERVAL`].
+    pub fn auth_warning_due(&self) -> bool {
+        let now = std::time::Instant::now();
+        let mut last = self
+            .auth_warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match *last {
+            Some(at) if now.duration_since(at) < AUTH_WARNING_INTERVAL => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
+
+    /// Whether a call in `dialect` goes to this provider as it is (else it
+    /// is translated into the provider's own dialect).
+    pub fn speaks(&self, dialect: Dialect) -> bool {
+        match &self.upstream {
+            Upstream::Mock => matches!(dialect, Dialect::Chat | Dialect::Embeddings),
+            Upstream::Http(api) => api.speaks(dialect),
+        }
+    }
+
+    /// Sends a body in `dialect` (already carrying the upstream `model`) and
+    /// returns once the provider has answered with a status; the reply is
+    /// as the provider wrote it. `timeout` bounds the wait for the head and
+    /// every pause between body chunks.
     pub async fn send(
         &self,
-        endpoint: Endpoint,
+        dialect: Dialect,
         model: &str,
         body: Bytes,
+        forwarded: &Forwarded,
         timeout: Duration,
         traceparent: Option<&str>,
     ) -> Result<UpstreamReply, CallError> {
         match &self.upstream {
-            Upstream::Mock => Ok(self.mock_reply(endpoint, &body)),
-            Upstream::Http(dialect) => {
-                let mut outgoing = dialect.request(endpoint, model, body).map_err(|reason| {
-                    CallError::Untranslatable {
-                        provider: self.name.clone(),
-                        reason,
-                    }
-                })?;
+            Upstream::Mock => Ok(self.mock_reply(dialect, &body)),
+            Upstream::Http(api) => {
+                let mut outgoing =
+                    api.request(dialect, model, body, forwarded)
+                        .map_err(|reason| CallError::Untranslatable {
+                            provider: self.name.clone(),
+                            reason,
+                        })?;
                 // The W3C trace context of the call's span (traces on).
                 if let Some(tp) = traceparent.and_then(|t| HeaderValue::from_str(t).ok()) {
                     outgoing
                         .headers
                         .push((header::HeaderName::from_static("traceparent"), tp));
                 }
-                let reading = outgoing.reading.clone();
-                let reply = self.http_send(outgoing, timeout).await?;
-                Ok(dialect.reply(&reading, reply, self.max_answer_bytes))
+                self.http_send(outgoing, timeout).await
             }
         }
-    }
-
-    /// The prompt tokens of a chat request (`body`, carrying the upstream
-    /// model) as the provider counts them, when its API can: `None` when it
-    /// cannot, else the count or why there is none.
-    pub async fn count_tokens(&self, model: &str, body: Bytes) -> Option<Result<u32, String>> {
-        let Upstream::Http(dialect) = &self.upstream else {
-            return None;
-        };
-        let outgoing = match dialect.count_tokens(model, body)? {
-            Ok(o) => o,
-            Err(e) => return Some(Err(e)),
-        };
-        Some(self.read_count(outgoing).await)
-    }
-
-    async fn read_count(&self, outgoing: Outgoing) -> Result<u32, String> {
-        let reply = self
-            .http_send(outgoing, self.timeout)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut whole = Vec::new();
-        let mut body = reply.body;
-        while let Some(chunk) = body.next().await {
-            whole.extend_from_slice(&chunk.map_err(|e| e.to_string())?);
-            if whole.len() > 64 * 1024 {
-                return Err("the token count's answer is too large".into());
-            }
-        }
-        if !reply.status.is_success() {
-            return Err(format!(
-                "the token count answered HTTP {}",
-                reply.status.as_u16()
-            ));
-        }
-        serde_json::from_slice::<serde_json::Value>(&whole)
-            .ok()
-            .and_then(|v| v.get("input_tokens")?.as_u64())
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| "the token count's answer has no input_tokens".to_string())
     }
 
     async fn http_send(
@@ -480,10 +455,10 @@ impl Provider {
         })
     }
 
-    fn mock_reply(&self, endpoint: Endpoint, body: &[u8]) -> UpstreamReply {
+    fn mock_reply(&self, dialect: Dialect, body: &[u8]) -> UpstreamReply {
         let seq = self.mock_seq.fetch_add(1, Ordering::Relaxed) + 1;
         let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-        if endpoint == Endpoint::Embeddings {
+        if dialect == Dialect::Embeddings {
             // The mock provider's own answer, or its 400 for a request
             // OpenAI would refuse.
             let (status, text) = crate::mock_upstream::embeddings_answer(&request);
@@ -614,7 +589,7 @@ impl Providers {
 /// The body read whole (no further than `limit`: past it, what was read is
 /// handed on untranslated and the reader's own limit refuses it), then
 /// `translate`d.
-pub(crate) fn whole_then(
+pub fn whole_then(
     body: BodyStream,
     limit: usize,
     translate: impl FnOnce(Bytes) -> Bytes + Send + 'static,

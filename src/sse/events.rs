@@ -128,31 +128,54 @@ impl EventSplitter {
     }
 }
 
+/// How a stream of a dialect ends when its answer is whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Terminal {
+    /// A `data: [DONE]` line (chat completions).
+    #[default]
+    Done,
+    /// An event of one of these types: its `event:` line, or the `type` at
+    /// the start of its data (the Messages and Responses APIs).
+    Event(&'static [&'static str]),
+}
+
 /// How much of a live stream a relay may hand on before the stream has
 /// ended: whole events, up to and including the last blank line (a line
 /// end right after a line end, LF, CRLF or CR alike), and none from the
-/// `[DONE]` event on.
+/// stream's terminal event on (`[DONE]`, `message_stop`,
+/// `response.completed`: see [`Terminal`]).
 ///
 /// Whole events, so that whatever follows (the next event, or the error
 /// event a client gets when the stream breaks off) starts an event of its
-/// own, never half a line; no `[DONE]`, so that a client reads the end of
-/// the stream only once the whole answer is known to be a completion.
+/// own, never half a line; not the terminal event, so that a client reads
+/// the end of the stream only once the whole answer is known to be well
+/// formed.
 ///
 /// It reads each byte once however the stream is cut: [`RelayPoint::advance`]
 /// takes the whole stream so far and carries on where it stopped.
 #[derive(Debug, Default)]
 pub struct RelayPoint {
+    /// What ends the stream.
+    terminal: Terminal,
     /// The end of the last blank line: what may be handed on.
     cut: usize,
     /// Where the current line starts.
     line_start: usize,
     /// How far the current line has been searched for its end.
     searched: usize,
-    /// A `[DONE]` line was found: nothing more may be handed on.
+    /// The terminal event was found: nothing more may be handed on.
     done: bool,
 }
 
 impl RelayPoint {
+    /// A relay point for a stream that ends as `terminal` says.
+    pub fn new(terminal: Terminal) -> RelayPoint {
+        RelayPoint {
+            terminal,
+            ..RelayPoint::default()
+        }
+    }
+
     /// `stream` is everything received so far (each call's a prefix of the
     /// next one's); returns how many of its bytes may be handed on.
     pub fn advance(&mut self, stream: &[u8]) -> usize {
@@ -171,7 +194,7 @@ impl RelayPoint {
                 break;
             }
             let line = &stream[self.line_start..end];
-            if is_done_line(line) {
+            if is_terminal_line(line, self.terminal) {
                 self.done = true;
                 break;
             }
@@ -184,6 +207,29 @@ impl RelayPoint {
             self.searched = next;
         }
         self.cut
+    }
+}
+
+/// True for the line that starts a stream's terminal event: `data: [DONE]`
+/// (chat), or an `event:` line naming a terminal type, or a `data:` line
+/// whose JSON starts with that `type` (without its line end).
+fn is_terminal_line(line: &[u8], terminal: Terminal) -> bool {
+    match terminal {
+        Terminal::Done => is_done_line(line),
+        Terminal::Event(types) => {
+            if let Some(name) = line.strip_prefix(b"event:") {
+                let name = name.trim_ascii();
+                return types.iter().any(|t| name == t.as_bytes());
+            }
+            let Some(data) = line.strip_prefix(b"data:") else {
+                return false;
+            };
+            let data = data.trim_ascii_start();
+            types.iter().any(|t| {
+                let typed = format!("{{\"type\":\"{t}\"");
+                data.starts_with(typed.as_bytes())
+            })
+        }
     }
 }
 

@@ -21,7 +21,7 @@ mod usage;
 use serde_json::Value;
 
 pub use assembly::assemble;
-pub use events::{EventSplitter, RelayPoint};
+pub use events::{EventSplitter, RelayPoint, Terminal};
 pub use synthesis::synthesize;
 pub use usage::{has_usage_chunk, with_usage, without_usage};
 
@@ -50,6 +50,51 @@ pub enum SseError {
     /// cached or stored as a result.
     #[error("the stream ended before [DONE] and before every choice finished")]
     Truncated,
+}
+
+/// The size of the pieces, in bytes, that a replayed answer's text and
+/// tool arguments are cut into: a live stream sends a token or so per
+/// chunk; a replay has the whole answer at hand and sends it in a few
+/// chunks, still small enough that a client renders it progressively.
+pub const PIECE_BYTES: usize = 256;
+
+/// `text` cut into pieces of at most `max` bytes (more only for a single
+/// character that is longer), on character boundaries: what every replayed
+/// stream (chat, Messages, Responses) sends its text in.
+pub fn pieces(text: &str, max: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut end = rest.len().min(max);
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end == 0 {
+            end = rest.chars().next().map_or(rest.len(), char::len_utf8);
+        }
+        let (piece, tail) = rest.split_at(end);
+        rest = tail;
+        Some(piece)
+    })
+}
+
+#[cfg(test)]
+mod pieces_tests {
+    use super::*;
+
+    fn cut(text: &str, max: usize) -> Vec<&str> {
+        pieces(text, max).collect()
+    }
+
+    #[test]
+    fn pieces_respect_char_boundaries() {
+        assert!(cut("", 4).is_empty());
+        assert_eq!(cut("abcdef", 4), ["abcd", "ef"]);
+        assert_eq!(cut("aé€", 3), ["aé", "€"]);
+        assert_eq!(cut("🦀x", 2), ["🦀", "x"]);
+    }
 }
 
 // Last, so that the layout test, which reads a file only up to its first

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use crate::shapes::{PIECE_BYTES, pieces};
+use super::{PIECE_BYTES, pieces};
 
 /// Renders a plain `chat.completion` as an SSE byte stream a client cannot
 /// tell from a real one.

@@ -186,8 +186,12 @@ pub struct NewJob {
     pub payload_hash: String,
     pub fingerprint: String,
     pub route: String,
-    /// The chat completion request, as JSON text.
+    /// The request its attempts send, as JSON text, in its dialect.
     pub request: String,
+    /// The dialect of the request (`chat`, `messages`, `responses`, ...).
+    pub dialect: String,
+    /// The client's headers that change the answer, as a JSON object.
+    pub forwarded: Option<String>,
     /// Client metadata, as JSON text.
     pub metadata: Option<String>,
     pub created_at: i64,
@@ -203,6 +207,10 @@ pub struct JobRecord {
     pub fingerprint: String,
     pub route: String,
     pub request: String,
+    /// The dialect of the request and of its result.
+    pub dialect: String,
+    /// The client's headers that change the answer, as a JSON object.
+    pub forwarded: Option<String>,
     pub metadata: Option<String>,
     pub state: JobState,
     pub version: i64,
@@ -338,10 +346,17 @@ pub struct StoredResponse {
     pub id: String,
     /// JSON text: the `response` object as the client got it.
     pub body: String,
-    /// JSON text: the conversation up to and including this answer, as
-    /// chat messages, oldest first.
+    /// JSON text: with `format` 2, this turn's items (its input, then the
+    /// answer's output, as Responses items); with `format` 1 (rows written
+    /// before), the conversation up to and including this answer, as chat
+    /// messages, oldest first.
     pub turns: String,
     pub created_at: i64,
+    pub format: i64,
+    /// The response this one continued (format 2).
+    pub previous_id: Option<String>,
+    /// The task's fingerprint: a deletion removes its cached answers.
+    pub fingerprint: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

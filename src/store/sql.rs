@@ -214,8 +214,8 @@ where
         for _ in 0..2 {
             let row: Option<JobRow> = sqlx::query_as(
                 "INSERT INTO jobs (id, tenant, idempotency_key, payload_hash, fingerprint, route, request, metadata,
-                                   state, version, not_before, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9, $9)
+                                   state, version, not_before, created_at, updated_at, dialect, forwarded)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9, $9, $10, $11)
                  ON CONFLICT (tenant, idempotency_key) DO NOTHING
                  RETURNING *",
             )
@@ -228,6 +228,8 @@ where
             .bind(job.request.as_str())
             .bind(job.metadata.as_deref())
             .bind(job.created_at)
+            .bind(job.dialect.as_str())
+            .bind(job.forwarded.as_deref())
             .fetch_optional(self.writer())
             .await?;
             if let Some(new) = rows::job(row)? {
@@ -805,7 +807,8 @@ where
 
     async fn put_response(&self, r: &StoredResponse) -> Result<()> {
         sqlx::query(
-            "INSERT INTO responses (tenant, id, body, turns, created_at) VALUES ($1, $2, $3, $4, $5)
+            "INSERT INTO responses (tenant, id, body, turns, created_at, format, previous_id, fingerprint)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (tenant, id) DO NOTHING",
         )
         .bind(r.tenant.as_str())
@@ -813,6 +816,9 @@ where
         .bind(r.body.as_str())
         .bind(r.turns.as_str())
         .bind(r.created_at)
+        .bind(r.format)
+        .bind(r.previous_id.as_deref())
+        .bind(r.fingerprint.as_deref())
         .execute(self.writer())
         .await?;
         Ok(())
@@ -820,7 +826,8 @@ where
 
     async fn response(&self, tenant: &str, id: &str) -> Result<Option<StoredResponse>> {
         Ok(sqlx::query_as(
-            "SELECT tenant, id, body, turns, created_at FROM responses WHERE tenant = $1 AND id = $2",
+            "SELECT tenant, id, body, turns, created_at, format, previous_id, fingerprint
+             FROM responses WHERE tenant = $1 AND id = $2",
         )
         .bind(tenant)
         .bind(id)

@@ -2,9 +2,10 @@
 //! both backends: SQLite on a fresh file and PostgreSQL on a fresh schema
 //! per test. Races are started together behind barriers, never by sleeps.
 //!
-//! PostgreSQL comes from `IDEM_TEST_DATABASE_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/test`); when it cannot be reached
-//! the PostgreSQL tests fail, they never skip.
+//! PostgreSQL is the test process's (`crate::test_services`): the server
+//! `IDEM_TEST_DATABASE_URL` names, else the machine's at the default
+//! address, else a private one the tests start; when there is none, the
+//! PostgreSQL tests fail saying why, they never skip.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -26,7 +27,6 @@ use super::{
 // Harness
 // ---------------------------------------------------------------------------
 
-const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const POOL_SIZE: u32 = 8;
 /// A fixed clock: tests pass times explicitly, so they never depend on now.
 const T0: i64 = 1_700_000_000_000;
@@ -34,7 +34,7 @@ const T0: i64 = 1_700_000_000_000;
 type Body = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 fn pg_url() -> String {
-    std::env::var("IDEM_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_owned())
+    crate::test_services::postgres_url()
 }
 
 /// A database that exists for one test and is removed afterwards.
@@ -116,11 +116,7 @@ impl Scratch {
 async fn pg_admin(url: &str) -> sqlx::PgConnection {
     match sqlx::PgConnection::connect(url).await {
         Ok(conn) => conn,
-        Err(e) => panic!(
-            "PostgreSQL not reachable at {url} ({e}): start it with \
-             `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, \
-             or point IDEM_TEST_DATABASE_URL at a server"
-        ),
+        Err(e) => panic!("PostgreSQL at {url} answered the tests before, but not now: {e}"),
     }
 }
 
@@ -209,6 +205,8 @@ fn new_job(tenant: &str, key: &str, created_at: i64) -> NewJob {
         request: r#"{"model":"support-bot","messages":[{"role":"user","content":"hi"}]}"#
             .to_owned(),
         metadata: Some(r#"{"order":45}"#.to_owned()),
+        dialect: "chat".to_owned(),
+        forwarded: None,
         created_at,
     }
 }
@@ -1776,6 +1774,9 @@ async fn responses_are_kept_per_tenant(s: Arc<dyn Store>) {
         body: body.into(),
         turns: "[]".into(),
         created_at: at,
+        format: 2,
+        previous_id: None,
+        fingerprint: None,
     };
     let first = kept("t1", "resp_a", r#"{"n":1}"#, T0);
     s.put_response(&first).await.unwrap();

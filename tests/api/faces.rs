@@ -1,5 +1,5 @@
 //! The faces of the chat path (docs/design.md, "Endpoints: one core,
-//! several faces"): Anthropic's Messages API (`POST /v1/messages`) and
+//! several dialects"): Anthropic's Messages API (`POST /v1/messages`) and
 //! OpenAI's Responses API (`POST /v1/responses`) on the same core as chat
 //! completions, against both of the mock's faces (an OpenAI-compatible
 //! target and an Anthropic one): waves coalesce, tenants stay apart,
@@ -681,7 +681,10 @@ async fn messages_reach_an_anthropic_target_as_sent_and_others_translated() {
         assert!(text.ends_with("Where is my order?"), "{text}");
         let sent = app.mock.stats().last_requests.pop().unwrap().body;
         let body = sent.to_string();
-        assert!(!body.contains("idem_anthropic_request"), "{sent}");
+        assert!(
+            !body.contains("\"idem_"),
+            "no key of idem's goes upstream: {sent}"
+        );
         match kind {
             ProviderKind::Anthropic => {
                 let mut expected = request.clone();
@@ -726,7 +729,8 @@ async fn a_responses_api_provider_gets_responses_requests_as_sent() {
     assert_eq!(
         sent.body,
         json!({"model": "gpt-4o-mini", "input": "My name is Ada.", "instructions": "Be brief.",
-            "prompt_cache_key": "ada", "store": false})
+            "metadata": {"k": "v"}, "prompt_cache_key": "ada", "store": false}),
+        "as the client sent it, but the model and idem's `store: false`"
     );
 
     // Continued and streamed: the earlier turns go as input items.
@@ -777,7 +781,7 @@ async fn a_responses_api_provider_gets_responses_requests_as_sent() {
     assert_eq!(r.status(), 200);
     let sent = last();
     assert_eq!(sent.endpoint, Endpoint::ChatCompletions);
-    assert!(!sent.body.to_string().contains("idem_responses_request"));
+    assert!(!sent.body.to_string().contains("\"idem_"), "{}", sent.body);
     let r = app
         .ask(
             Face::Messages,
@@ -869,4 +873,17 @@ async fn messages_count_tokens_by_the_target_or_its_tokenizer() {
             .contains("cannot count"),
         "{v}"
     );
+}
+
+/// `HEAD /` (Claude Code's preconnect, without a key) answers 200 with no
+/// body; so does `GET /`.
+#[tokio::test]
+async fn head_of_the_root_answers_200() {
+    let app = TestApp::spawn().await;
+    let r = app.client.head(app.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.unwrap().is_empty());
+    let r = app.client.get(app.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    app.stop().await;
 }

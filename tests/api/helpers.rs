@@ -22,10 +22,10 @@ pub const ACME: &str = "sk-acme-test-1";
 pub const BETA: &str = "sk-beta-test-1";
 pub const ADMIN: &str = "admin-test-secret";
 
-/// PostgreSQL for tests: `IDEM_TEST_DATABASE_URL`, default the local server.
+/// PostgreSQL for tests: the test process's (`IDEM_TEST_DATABASE_URL`, the
+/// machine's at the default address, or a private one: `services.rs`).
 pub fn pg_url() -> String {
-    std::env::var("IDEM_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    crate::services::postgres_url()
 }
 
 /// A fresh, empty PostgreSQL schema for one test; the URL selects it.
@@ -45,10 +45,7 @@ async fn sqlx_connect(url: &str) -> sqlx::PgPool {
         .await
     {
         Ok(p) => p,
-        Err(e) => panic!(
-            "PostgreSQL not reachable at {url}: {e}. Start it with: \
-             pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
-        ),
+        Err(e) => panic!("PostgreSQL at {url} answered the tests before, but not now: {e}"),
     }
 }
 
@@ -631,7 +628,19 @@ impl Proc {
     /// `OPENAI_API_KEY` and `IDEM_CONFIG` unset unless in `envs`, and waits
     /// for its listening line.
     pub async fn start_args(args: &[&std::ffi::OsStr], envs: &[(&str, &str)]) -> Proc {
+        Proc::start_in(None, args, envs).await
+    }
+
+    /// [`Proc::start_args`] in the folder `cwd` (else this process's).
+    pub async fn start_in(
+        cwd: Option<&Path>,
+        args: &[&std::ffi::OsStr],
+        envs: &[(&str, &str)],
+    ) -> Proc {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        }
         cmd.args(args)
             .env_remove("IDEM_CONFIG")
             .env_remove("OPENAI_API_KEY")

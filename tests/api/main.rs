@@ -9,17 +9,22 @@
 )]
 
 mod analyze;
+mod bounds;
 mod coalescing;
 mod contracts;
 mod dashboard;
 mod embeddings;
 mod faces;
+mod first_hour;
+mod forwarding;
 mod garbage;
 mod gateway;
 mod helpers;
 mod hostile;
 mod jobs;
 mod ops;
+mod patterns;
+mod private_services;
 mod provenance;
 mod providers;
 mod readme;
@@ -29,5 +34,8 @@ mod reload;
 mod rendering;
 mod replicas;
 mod savings;
+#[path = "../support/services.rs"]
+mod services;
+mod smuggling;
 mod takeover;
 mod traces;

@@ -215,10 +215,10 @@ async fn an_overloaded_anthropic_target_fails_over_to_the_next_one() {
     assert_eq!(r.headers()["idem-provider"], "fallback");
     assert_eq!(app.calls(), 1);
     assert_eq!(app.fallback.as_ref().unwrap().stats().calls, 1);
-    // The 529 was read as a 503 (overloaded).
+    // Counted as the provider answered (529, overloaded) and failed over.
     let metrics = app.metrics().await;
     assert!(
-        metrics.contains("idem_upstream_calls_total{provider=\"primary\",status=\"503\"} 1"),
+        metrics.contains("idem_upstream_calls_total{provider=\"primary\",status=\"529\"} 1"),
         "{metrics}"
     );
 
@@ -412,4 +412,115 @@ async fn an_azure_target_gets_its_deployment_url_api_version_and_key() {
     let sent = last_request(&app);
     assert_eq!(sent.deployment.as_deref(), Some("gpt-4o-mini"));
     assert_eq!(sent.api_version.as_deref(), Some("2024-06-01"));
+}
+
+/// Sends a chat completion asking `prompt` to a gateway process.
+async fn ask(proc: &Proc, prompt: &str) -> reqwest::Response {
+    client()
+        .post(format!("{}/v1/chat/completions", proc.base))
+        .bearer_auth(ACME)
+        .json(&chat_body(prompt))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Stops a gateway process and returns every line it logged.
+async fn stopped(mut proc: Proc) -> Vec<String> {
+    proc.signal("TERM");
+    let _ = tokio::time::timeout(Duration::from_secs(10), proc.child.wait()).await;
+    // What the reader task still holds.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proc.drain()
+}
+
+/// A provider that refuses idem's own key (its 401, then its 403) reaches
+/// the client as a 502 `provider_auth_failed` that names the provider and
+/// says whose credentials were refused, never as the provider's
+/// `invalid_api_key` (which a client would read as its own key being
+/// wrong); the gateway logs it as a warning once for all those requests
+/// (once per provider and minute), naming the provider.
+#[tokio::test]
+async fn a_provider_refusing_idems_key_is_a_502_naming_it_with_one_warning() {
+    let spec = Spec {
+        primary: Behaviour {
+            fail_status: Some(401),
+            ..Behaviour::default()
+        },
+        ..Spec::default()
+    };
+    let mocks = start_mocks(&spec).await;
+    let (proc, dir) = Proc::start_default(&mocks).await;
+    for (i, status) in [401, 401, 403, 403].into_iter().enumerate() {
+        mocks.primary.set_behaviour(Behaviour {
+            fail_status: Some(status),
+            ..Behaviour::default()
+        });
+        let v = assert_error(
+            ask(&proc, &format!("refused {i}")).await,
+            502,
+            "provider_auth_failed",
+        )
+        .await;
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("provider primary refused idem's credentials")
+                && message.contains(&status.to_string()),
+            "{message}"
+        );
+    }
+    assert_eq!(mocks.primary.stats().calls, 4);
+    let log = stopped(proc).await;
+    let warnings: Vec<_> = log
+        .iter()
+        .filter(|l| l.contains("refused idem's credentials") && l.contains(r#""level":"WARN""#))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    let w: Value = serde_json::from_str(warnings[0]).unwrap();
+    assert_eq!(w["provider"], "primary", "{w}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A provider that cannot be reached is logged with the cause under
+/// reqwest's "error sending request": the connection refused by a closed
+/// port, the name that does not resolve; the client gets a 502
+/// `upstream_unreachable` naming the provider and no address.
+#[tokio::test]
+async fn an_unreachable_provider_is_logged_with_its_cause() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mocks = start_mocks(&Spec::default()).await;
+    let (proc, dir) = Proc::start_default(&mocks).await;
+    let config = dir.join("idem.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    drop(stopped(proc).await);
+    for (base, cause) in [
+        (format!("http://{closed}/v1"), "Connection refused"),
+        ("http://idem-test.invalid/v1".to_string(), "dns error"),
+    ] {
+        let text = text.replace(&mocks.primary.base_url(), &base);
+        assert!(text.contains(&base), "{text}");
+        std::fs::write(&config, text).unwrap();
+        let proc = Proc::start(&config, &[]).await;
+        let v = assert_error(
+            ask(&proc, "anyone there?").await,
+            502,
+            "upstream_unreachable",
+        )
+        .await;
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("primary") && !message.contains(&base),
+            "{message}"
+        );
+        let log = stopped(proc).await;
+        let line = log
+            .iter()
+            .find(|l| l.contains("upstream call failed"))
+            .unwrap_or_else(|| panic!("no warning in {log:#?}"));
+        assert!(line.contains(cause), "{cause} not in {line}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,9 +12,10 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 
-/// Redis for tests: `IDEM_TEST_REDIS_URL`, default the local server.
+/// Redis for tests: the test process's (`IDEM_TEST_REDIS_URL`, the
+/// machine's at the default address, or a private one: `services.rs`).
 pub fn redis_url() -> String {
-    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    crate::services::redis_url()
 }
 
 /// Fails with a clear message when Redis is not there.
@@ -30,11 +31,7 @@ pub(crate) fn require_redis(url: &str) {
         .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
         .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
         .is_ok();
-    assert!(
-        ok,
-        "Redis not reachable at {url}. Start it with: redis-server --daemonize yes --bind 127.0.0.1 -::1 \
-         --port 6379 --save \"\" --appendonly no"
-    );
+    assert!(ok, "Redis not reachable at {url}");
 }
 
 pub(crate) struct Cluster {
@@ -231,7 +228,8 @@ pub(crate) struct PrivateRedis {
 
 impl PrivateRedis {
     fn spawn(port: u16, dir: &std::path::Path) -> std::process::Child {
-        let child = std::process::Command::new("redis-server")
+        let bin = crate::services::redis_server_bin().unwrap_or_else(|e| panic!("{e}"));
+        let child = std::process::Command::new(bin)
             .args([
                 "--port",
                 &port.to_string(),
@@ -246,7 +244,7 @@ impl PrivateRedis {
             .arg(dir)
             .stdout(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed for this test");
+            .expect("redis-server starts");
         let url = format!("redis://127.0.0.1:{port}");
         for _ in 0..250 {
             if redis::Client::open(url.as_str())

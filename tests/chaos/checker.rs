@@ -747,6 +747,87 @@ fn job_calls_bounded_by_attempts(h: &History, out: &mut Vec<Violation>) {
     }
 }
 
+/// What the run got done: without progress, "no violation" proves nothing
+/// (a run where every request failed and no fault happened breaks no rule).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// Jobs in the database that ended `succeeded`.
+    pub jobs_succeeded: usize,
+    pub jobs: usize,
+    /// Waves at least one of whose requests got a 200 with an answer.
+    pub waves_answered: usize,
+    pub waves: usize,
+    /// Infrastructure faults the nemesis injected (kills, pauses, Redis and
+    /// PostgreSQL restarts), against the schedule's.
+    pub faults_injected: usize,
+    pub faults_scheduled: usize,
+}
+
+impl Progress {
+    pub fn of(h: &History, faults_scheduled: usize) -> Progress {
+        let answered: HashSet<usize> = h
+            .ops
+            .iter()
+            .filter(|o| o.status == 200 && o.seen.is_some())
+            .filter_map(|o| o.wave)
+            .collect();
+        Progress {
+            jobs_succeeded: h.jobs.iter().filter(|j| j.state == "succeeded").count(),
+            jobs: h.jobs.len(),
+            waves_answered: h.waves.iter().filter(|w| answered.contains(&w.id)).count(),
+            waves: h.waves.len(),
+            faults_injected: h
+                .faults
+                .iter()
+                .filter(|f| {
+                    matches!(
+                        f.kind,
+                        FaultKind::Kill(_)
+                            | FaultKind::Pause(_)
+                            | FaultKind::RedisDown
+                            | FaultKind::PgRestart
+                    )
+                })
+                .count(),
+            faults_scheduled,
+        }
+    }
+
+    /// What is missing for the run to count: no job succeeded, no wave was
+    /// answered, fewer faults than scheduled.
+    pub fn shortfalls(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.jobs_succeeded == 0 {
+            out.push(format!("no job succeeded (of {})", self.jobs));
+        }
+        if self.waves_answered == 0 {
+            out.push(format!("no wave was answered (of {})", self.waves));
+        }
+        if self.faults_injected < self.faults_scheduled {
+            out.push(format!(
+                "{} faults injected, {} scheduled",
+                self.faults_injected, self.faults_scheduled
+            ));
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} jobs succeeded, {} of {} waves answered, {} of {} scheduled faults injected",
+            self.jobs_succeeded,
+            self.jobs,
+            self.waves_answered,
+            self.waves,
+            self.faults_injected,
+            self.faults_scheduled
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The checker checked: a clean history passes, and each hand-made
@@ -949,6 +1030,61 @@ mod tests {
     #[test]
     fn a_clean_history_passes() {
         assert_eq!(check(&clean()), vec![]);
+    }
+
+    /// The clean history made progress: its job succeeded and its wave was
+    /// answered; with a fault scheduled and none injected, it falls short.
+    #[test]
+    fn progress_counts_what_got_done() {
+        let mut h = clean();
+        let p = Progress::of(&h, 0);
+        assert_eq!(
+            (p.jobs_succeeded, p.jobs, p.waves_answered, p.waves),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(p.shortfalls(), Vec::<String>::new());
+        assert_eq!(
+            Progress::of(&h, 1).shortfalls(),
+            vec!["0 faults injected, 1 scheduled"]
+        );
+        h.faults.push(Fault {
+            kind: FaultKind::PgRestart,
+            from_ms: T0,
+            until_ms: T0 + 100,
+        });
+        // Provider phases are not infrastructure faults.
+        h.faults.push(Fault {
+            kind: FaultKind::Provider("500s".into()),
+            from_ms: T0,
+            until_ms: T0 + 100,
+        });
+        assert_eq!(Progress::of(&h, 1).faults_injected, 1);
+        assert_eq!(Progress::of(&h, 2).shortfalls().len(), 1);
+    }
+
+    /// A run where every request failed breaks no rule, and shows no
+    /// progress: no job succeeded, no wave answered.
+    #[test]
+    fn a_run_that_did_nothing_shows_no_progress() {
+        let mut h = clean();
+        h.jobs[0].state = "failed".into();
+        h.jobs[0].completed_by = None;
+        h.jobs[0].result = None;
+        h.attempts[1].state = "failed".into();
+        for op in &mut h.ops {
+            op.status = 500;
+            op.seen = None;
+        }
+        h.calls.clear();
+        let p = Progress::of(&h, 4);
+        assert_eq!(
+            p.shortfalls(),
+            vec![
+                "no job succeeded (of 1)",
+                "no wave was answered (of 1)",
+                "0 faults injected, 4 scheduled"
+            ]
+        );
     }
 
     #[test]

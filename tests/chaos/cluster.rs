@@ -10,7 +10,6 @@
 //! the machine's server instead (`IDEM_TEST_DATABASE_URL`) and restarts that
 //! server with `pg_ctlcluster`: only where nothing else uses it.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, RwLock};
@@ -21,6 +20,7 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
 use crate::helpers::{ACME, ADMIN, BETA, Proc, pg_schema, temp_dir};
+use crate::services::{self, as_postgres};
 
 pub const REPLICAS: usize = 3;
 /// The providers' timeout: the mock's stalls stay below it.
@@ -29,11 +29,7 @@ pub const PROVIDER_TIMEOUT_MS: u64 = 3_000;
 pub const MAX_ANSWER_BYTES: u64 = 65_536;
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    services::free_port().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Where each replica listens now; `None` while it is down. Clients read it
@@ -81,14 +77,15 @@ impl PrivateRedis {
 
     /// Starts it (again) on its port and waits until it answers.
     pub fn up(&mut self) {
-        let child = Command::new("redis-server")
+        let bin = services::redis_server_bin().unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new(bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed for the chaos test");
+            .expect("redis-server starts");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.answers() {
@@ -150,34 +147,6 @@ pub enum Postgres {
     Shared { url: String, version: String },
 }
 
-fn as_postgres(program: &Path) -> Command {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0"));
-    if root {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    }
-}
-
-fn newest_pg_bin() -> Option<PathBuf> {
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("initdb").exists().then_some((v, bin))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, b)| b)
-}
-
 impl Postgres {
     pub async fn start(dir: &Path) -> Postgres {
         if std::env::var("IDEM_CHAOS_PG").as_deref() == Ok("shared") {
@@ -192,26 +161,15 @@ impl Postgres {
                 version,
             };
         }
-        let bin = newest_pg_bin().expect(
-            "the chaos test needs PostgreSQL's server binaries (/usr/lib/postgresql/*/bin/initdb) \
-             for a private cluster; or set IDEM_CHAOS_PG=shared to use (and restart) the machine's",
-        );
+        let bin = services::pg_bin_dir().unwrap_or_else(|e| {
+            panic!(
+                "the chaos test needs a private PostgreSQL cluster: {e}; or set \
+                 IDEM_CHAOS_PG=shared to use (and restart) the machine's"
+            )
+        });
         let dir = dir.join("pg");
         std::fs::create_dir_all(&dir).unwrap();
-        let _ = Command::new("chown")
-            .args(["-R", "postgres"])
-            .arg(&dir)
-            .status();
-        let ok = as_postgres(&bin.join("initdb"))
-            .arg("-D")
-            .arg(dir.join("data"))
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "initdb failed in {}", dir.display());
+        services::initdb(&bin, &dir.join("data")).unwrap_or_else(|e| panic!("{e}"));
         let pg = Postgres::Private {
             bin,
             dir,

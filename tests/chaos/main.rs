@@ -29,6 +29,8 @@ mod fleet;
 mod helpers;
 mod history;
 mod nemesis;
+#[path = "../support/services.rs"]
+mod services;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -191,6 +193,8 @@ async fn chaos_history_keeps_every_promise() {
     history.quiet = quiet(&cluster).await;
     let violations = checker::check(&history);
     print_figures(&history, start);
+    let progress = checker::Progress::of(&history, scale.faults);
+    println!("chaos: progress: {progress}");
     if violations.is_empty() {
         println!("chaos: violations: 0");
     } else {
@@ -207,6 +211,13 @@ async fn chaos_history_keeps_every_promise() {
         violations.is_empty(),
         "{} violations of idem's promises (seed {seed}); see the list above",
         violations.len()
+    );
+    // No violation proves nothing in a run that got nothing done.
+    let short = progress.shortfalls();
+    assert!(
+        short.is_empty(),
+        "the run made too little progress to show anything (seed {seed}): {}; {progress}",
+        short.join(", ")
     );
 }
 

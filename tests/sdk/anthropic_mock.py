@@ -75,7 +75,12 @@ def main() -> None:
 
     stats = control.get("/_mock/stats").json()
     last = stats["last_requests"][-1]
-    check("the mock saw the key", last["x_api_key"] == KEY, last)
+    # anthropic 2.x sends the key as a bearer token; older ones as x-api-key.
+    check(
+        "the mock saw the key",
+        last["x_api_key"] == KEY or last["authorization"] == f"Bearer {KEY}",
+        last,
+    )
     check("the mock saw the version", bool(last["anthropic_version"]), last)
     check("the endpoint is messages", last["endpoint"] == "messages", last)
 
@@ -146,6 +151,8 @@ def main() -> None:
     check("streamed stop_sequence", final.stop_reason == "stop_sequence" and final.stop_sequence == "to:", final)
     check("streamed, cut before it", text == f"mock answer #{seq_of(final)} ", text)
 
+    thinking_and_search(client, control)
+
     # Errors.
     try:
         client.messages.create(
@@ -177,7 +184,93 @@ def main() -> None:
         check("retry-after", err.response.headers.get("retry-after") == "1", err.response.headers)
     control.post("/_mock/reset").raise_for_status()
 
-    print(f"anthropic {anthropic.__version__}: messages from the mock (plain, streamed, tools, stop reasons, errors, count_tokens) OK")
+    print(f"anthropic {anthropic.__version__}: messages from the mock (plain, streamed, tools, thinking, web search, stop reasons, errors, count_tokens) OK")
+
+
+def thinking_and_search(client: Anthropic, control: httpx.Client) -> None:
+    """Thinking, redacted thinking, web search and citations, parsed by the
+    SDK's own types, plain and streamed; the thinking sent back."""
+    search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}
+    for kind in ({"type": "enabled", "budget_tokens": 1024}, {"type": "adaptive"}):
+        message = client.messages.create(model=MODEL, max_tokens=2048, thinking=kind, messages=user("why?"))
+        check("thinking first", [b.type for b in message.content] == ["thinking", "text"], message.content)
+        block = message.content[0]
+        check("a thinking text", block.thinking.startswith("mock thinking #"), block)
+        check("a signature", len(block.signature) > 20, block)
+
+    # Streamed with everything: the SDK accumulates each block.
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=2048,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        tools=[search],
+        messages=user("search the web for otters, and redact"),
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    types = [b.type for b in final.content]
+    check(
+        "streamed blocks",
+        types == ["thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result", "text"],
+        types,
+    )
+    check("thinking events", "thinking" in kinds and "signature" in kinds and "citation" in kinds, kinds)
+    thinking, redacted, call, result, text = final.content
+    check("the thinking accumulated", thinking.thinking.startswith("mock thinking #"), thinking)
+    check("the signature accumulated", len(thinking.signature) > 20, thinking)
+    check("redacted data", len(redacted.data) > 10, redacted)
+    check("the search call", call.name == "web_search" and call.id.startswith("srvtoolu_"), call)
+    check("its query", call.input == {"query": "search the web for otters, and redact"}, call.input)
+    check("its result", result.tool_use_id == call.id and result.content[0].type == "web_search_result", result)
+    hit = result.content[0]
+    check("the result's fields", hit.url and hit.title and hit.encrypted_content and hit.page_age, hit)
+    check("the text cites it", text.citations and text.citations[0].type == "web_search_result_location", text)
+    check("the citation's url", text.citations[0].url == hit.url, text.citations)
+    check("server tool usage", final.usage.server_tool_use.web_search_requests == 1, final.usage)
+
+    # The turn sent back: accepted; with the thinking changed, Anthropic's 400.
+    history = [
+        {"role": "user", "content": "search the web for otters, and redact"},
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]},
+        {"role": "user", "content": "thanks"},
+    ]
+    again = client.messages.create(
+        model=MODEL, max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024},
+        tools=[search], messages=history,
+    )
+    check("the next turn", again.content[-1].text.endswith("to: thanks"), again.content)
+    history[1]["content"][0]["thinking"] = "not what was thought"
+    try:
+        client.messages.create(
+            model=MODEL, max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024},
+            tools=[search], messages=history,
+        )
+        sys.exit("FAIL a tampered thinking block was accepted")
+    except anthropic.BadRequestError as err:
+        check("the signature is refused", "signature" in err.body["error"]["message"], err.body)
+
+    # The beta resource (?beta=true, an anthropic-beta header), a system
+    # message inside messages, output_config, as Claude Code sends them.
+    message = client.beta.messages.create(
+        model=MODEL,
+        max_tokens=2048,
+        betas=["interleaved-thinking-2025-05-14"],
+        thinking={"type": "adaptive"},
+        messages=[
+            {"role": "user", "content": "hello"},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+        ],
+        extra_body={"output_config": {"effort": "low"},
+                    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}},
+    )
+    check("beta: thinking and text", [b.type for b in message.content] == ["thinking", "text"], message.content)
+    last = control.get("/_mock/stats").json()["last_requests"][-1]
+    check("the beta header", "interleaved-thinking-2025-05-14" in (last["anthropic_beta"] or ""), last)
+    counted = client.messages.count_tokens(
+        model=MODEL, thinking={"type": "enabled", "budget_tokens": 1024}, tools=[search],
+        messages=[{"role": "user", "content": "hello"}, {"role": "system", "content": "env"}],
+    )
+    check("count_tokens with thinking and a system message", counted.input_tokens >= 1, counted)
 
 
 if __name__ == "__main__":

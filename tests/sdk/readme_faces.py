@@ -3,9 +3,9 @@ written, against a gateway on the embedded default.
 
 Usage: python readme_faces.py GATEWAY_ROOT_URL
 
-The README's Python block that uses the `anthropic` package is run with
-its address replaced by GATEWAY_ROOT_URL and with `client` being the
-`openai` client of the README's first example; it must print the mock's
+The README's Python block that uses the `anthropic` package is run on its
+own, with its address replaced by GATEWAY_ROOT_URL (it defines every name
+it uses; `.ci/readme-blocks` runs it untouched); it must print the mock's
 two answers. Exits non-zero otherwise.
 """
 
@@ -15,7 +15,6 @@ import pathlib
 import re
 import sys
 
-from openai import OpenAI
 
 
 def main() -> None:
@@ -24,10 +23,9 @@ def main() -> None:
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
     block = next(b for b in blocks if "anthropic.Anthropic" in b)
     block = block.replace("http://127.0.0.1:8080", root)
-    client = OpenAI(base_url=f"{root}/v1", api_key="sk-acme-1", max_retries=0)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(block, {"client": client})  # noqa: S102 - the README's own example
+        exec(block, {"__name__": "__main__"})  # noqa: S102 - the README's own example
     lines = out.getvalue().splitlines()
     if len(lines) != 2 or not lines[0].endswith("to: Where is my order?") \
             or not lines[1].endswith("to: What is my name?"):

@@ -281,6 +281,16 @@ model = "flaky"
 targets = [{ provider = "erratic", model = "gpt-4o-mini" }]
 [routes.attempts]
 max = 1
+[[providers]]
+name = "erratic-again"
+kind = "openai"
+base_url = "${erraticUrl}"
+timeout = "10s"
+[[routes]]
+model = "refusing"
+targets = [{ provider = "erratic-again", model = "gpt-4o-mini" }]
+[routes.attempts]
+max = 1
 [[routes]]
 model = "support"
 contract = "support.toml"
@@ -345,9 +355,41 @@ test('the page is public; its data needs the admin key', async () => {
   }
 });
 
+test('without an admin key (the embedded default), the sign-in card says how to set one', async () => {
+  // `idem serve` as a newcomer runs it: no config file, no admin key.
+  const served = await startProcess('idem serve (embedded default)', ['serve'], {
+    IDEM_SERVER__LISTEN: '127.0.0.1:0',
+    IDEM_STORAGE__URL: `sqlite://${path.join(work, 'default.db')}`,
+  }, /idem listening addr=(\S+)/);
+  const plain = 'http://' + served[1];
+  const other = await browser.newPage();
+  try {
+    await other.goto(plain + '/ui');
+    await other.locator('#login').waitFor({ state: 'visible' });
+    await other.locator('#no-admin-key').waitFor({ state: 'visible' });
+    const hint = await other.textContent('#no-admin-key');
+    assert.match(hint, /no admin key/);
+    assert.match(hint, /IDEM_ADMIN__API_KEYS='\["[^"]+"\]' idem serve/);
+    assert.match(hint, /\[admin\]/);
+    // Any key is the open tenant's, never an admin's: the refusal says why.
+    await other.fill('#admin-key', 'whatever-i-type');
+    await other.click('#sign-in');
+    await other.locator('#login-error').waitFor({ state: 'visible' });
+    assert.match(await other.textContent('#login-error'), /not an admin key \(403\): this gateway has no admin key/);
+    assert.ok(await other.locator('#dashboard').isHidden());
+  } finally {
+    await other.close();
+  }
+});
+
 test('signing in: a tenant key is refused, the admin key opens the dashboard', async () => {
   await page.goto(base + '/ui');
   await page.locator('#login').waitFor({ state: 'visible' });
+  // This gateway has an admin key: no setup hint.
+  await until('the page has asked whether an admin key exists', async () => ({
+    ok: (await page.evaluate(() => performance.getEntriesByType('resource').some((r) => r.name.endsWith('/ui/sign-in')))),
+  }));
+  assert.ok(await page.locator('#no-admin-key').isHidden());
 
   await page.fill('#admin-key', ACME);
   await page.click('#sign-in');
@@ -525,6 +567,41 @@ test('an error burst opens a circuit; a contract violation; errors by class on s
   assert.ok(Number(provider) >= 3, `errors chart: ${provider}`);
 });
 
+test('calls saved: followers, cache hits, negative-cache hits and replays add up to the total', async () => {
+  await nextPoll();
+  const classes = ['followers', 'cache-hits', 'negative-hits', 'replays'];
+  const before = await figures('saved-calls', ...classes);
+  // A negative-cache hit: the same request again while its 500 is kept.
+  const prompt = `refused twice ${RUN}`;
+  const first = await chat('refusing', prompt);
+  assert.ok(first.status >= 500, first.text);
+  assert.equal(first.headers.get('idem-outcome'), 'leader');
+  const second = await chat('refusing', prompt);
+  assert.equal(second.status, first.status);
+  assert.equal(second.headers.get('idem-outcome'), 'negative-hit');
+  // A replay: the same Idempotency-Key again.
+  const key = { 'idempotency-key': `ui-replay-${RUN}` };
+  assert.equal((await chat('mock', `replayed ${RUN}`, ACME, key)).status, 200);
+  const replayed = await chat('mock', `replayed ${RUN}`, ACME, key);
+  assert.equal(replayed.headers.get('idem-outcome'), 'replay');
+
+  const after = await until('the page shows the negative-cache hit and the replay', async () => {
+    const f = await figures('saved-calls', ...classes);
+    return { ok: f['negative-hits'] === before['negative-hits'] + 1 && f.replays === before.replays + 1, ...f };
+  });
+  assert.equal(after['saved-calls'], before['saved-calls'] + 2);
+  // Every saved call is in exactly one class, and each class is named in the card.
+  assert.equal(after['saved-calls'], classes.reduce((sum, c) => sum + after[c], 0), JSON.stringify(after));
+  for (const c of classes) {
+    assert.equal(await page.locator(`#saved-calls-card #${c}`).count(), 1, `${c} is in the saved calls card`);
+  }
+  assert.ok(after['negative-hits'] > 0 && after.replays > 0 && after.followers > 0 && after['cache-hits'] > 0,
+    JSON.stringify(after));
+  // The API says the same.
+  const c = (await http('GET', '/v1/stats', { key: ADMIN })).json.coalescing;
+  assert.equal(c.saved_calls, c.followers + c.cache_hits + c.negative_hits + c.replays);
+});
+
 let hedged;
 let held;
 
@@ -595,7 +672,7 @@ test('targets: certification for the contract, as certified', async () => {
   });
   const allowed = (i) => page.locator(`[data-testid="target-support-${i}"] .failover`).getAttribute('data-value');
   assert.deepEqual([await allowed(1), await allowed(2)], ['true', 'false']);
-  assert.equal(await page.locator('#routes tbody tr').count(), 8);
+  assert.equal(await page.locator('#routes tbody tr').count(), 9);
 });
 
 test('the job page shows the attempts on a timeline', async () => {

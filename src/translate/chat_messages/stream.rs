@@ -15,8 +15,8 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
+use super::Reading;
 use super::reply::{finish_reason, now_secs, usage};
-use crate::providers::Reading;
 use crate::sse::EventSplitter;
 
 /// What a content block of the Anthropic stream is in OpenAI's.
@@ -334,7 +334,6 @@ mod tests {
             stream: true,
             include_usage: false,
             json_tool: Some("reply".into()),
-            ..Reading::default()
         };
         let out = translate_in_pieces(&stream, reading, 11);
         let c = crate::sse::assemble(out.as_bytes()).unwrap();

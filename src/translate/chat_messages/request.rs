@@ -21,13 +21,14 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::providers::Reading;
+use super::Reading;
+use crate::translate::Refusal;
 
 /// The translated request and what reading its reply needs.
 pub fn translate(
     chat: &Map<String, Value>,
     default_max_tokens: u32,
-) -> Result<(Map<String, Value>, Reading), String> {
+) -> Result<(Map<String, Value>, Reading), Refusal> {
     let mut out = Map::new();
     let mut reading = Reading::default();
     if let Some(model) = chat.get("model") {
@@ -57,7 +58,12 @@ pub fn translate(
         Some(Value::Array(a)) => {
             out.insert("stop_sequences".into(), Value::Array(a.clone()));
         }
-        Some(_) => return Err("`stop` must be a string or an array of strings".into()),
+        Some(_) => {
+            return Err(Refusal::at(
+                "stop",
+                "`stop` must be a string or an array of strings",
+            ));
+        }
     }
     if let Some(user) = chat.get("user").and_then(Value::as_str) {
         out.insert("metadata".into(), json!({"user_id": user}));
@@ -69,10 +75,16 @@ pub fn translate(
         reading.include_usage = form.include_usage;
     }
     if chat.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
-        return Err("`n` above 1 has no equivalent in the Messages API".into());
+        return Err(Refusal::at(
+            "n",
+            "`n` above 1 has no equivalent in the Messages API",
+        ));
     }
     if chat.get("logprobs").and_then(Value::as_bool) == Some(true) {
-        return Err("`logprobs` has no equivalent in the Messages API".into());
+        return Err(Refusal::at(
+            "logprobs",
+            "`logprobs` has no equivalent in the Messages API",
+        ));
     }
     if chat
         .get("modalities")
@@ -80,7 +92,10 @@ pub fn translate(
         .is_some_and(|m| m.iter().any(|x| x != "text"))
         || chat.get("audio").is_some_and(|a| !a.is_null())
     {
-        return Err("audio output has no equivalent in the Messages API".into());
+        return Err(Refusal::at(
+            "modalities",
+            "audio output has no equivalent in the Messages API",
+        ));
     }
     let tools = tools(chat.get("tools"))?;
     let parallel = chat.get("parallel_tool_calls").and_then(Value::as_bool) != Some(false);
@@ -88,10 +103,10 @@ pub fn translate(
     match json_format(chat.get("response_format"))? {
         Some((name, schema)) => {
             if !tools.is_empty() {
-                return Err(
-                    "`response_format` together with `tools` has no equivalent in the Messages API"
-                        .into(),
-                );
+                return Err(Refusal::at(
+                    "response_format",
+                    "`response_format` together with `tools` has no equivalent in the Messages API",
+                ));
             }
             out.insert(
                 "tools".into(),
@@ -125,33 +140,10 @@ pub fn translate(
     Ok((out, reading))
 }
 
-/// A Messages request sent through idem's Messages face, as its client
-/// wrote it ([`ORIGINAL`]): with the target's model from `chat` (the chat
-/// request it was translated into, which the core has made this call's),
-/// its stream flag and usage, and its user as `metadata.user_id`.
-///
-/// [`ORIGINAL`]: super::ORIGINAL
-pub fn as_sent(
-    mut original: Map<String, Value>,
-    chat: &Map<String, Value>,
-) -> (Map<String, Value>, Reading) {
-    let reading = Reading::of_chat(chat);
-    if let Some(model) = chat.get("model") {
-        original.insert("model".into(), model.clone());
-    }
-    if let Some(user) = chat.get("user").and_then(Value::as_str) {
-        original.insert("metadata".into(), json!({"user_id": user}));
-    }
-    if reading.stream {
-        original.insert("stream".into(), json!(true));
-    }
-    (original, reading)
-}
-
 /// The system text and the turns.
-fn messages(messages: Option<&Value>) -> Result<(Vec<String>, Vec<Value>), String> {
+fn messages(messages: Option<&Value>) -> Result<(Vec<String>, Vec<Value>), Refusal> {
     let Some(Value::Array(list)) = messages else {
-        return Err("`messages` must be an array".into());
+        return Err(Refusal::at("messages", "`messages` must be an array"));
     };
     let mut system = Vec::new();
     let mut turns: Vec<(String, Vec<Value>)> = Vec::new();
@@ -168,7 +160,12 @@ fn messages(messages: Option<&Value>) -> Result<(Vec<String>, Vec<Value>), Strin
                 let id = m
                     .get("tool_call_id")
                     .and_then(Value::as_str)
-                    .ok_or_else(|| format!("messages[{i}]: a tool message needs tool_call_id"))?;
+                    .ok_or_else(|| {
+                        Refusal::at(
+                            format!("messages.{i}"),
+                            "a tool message needs tool_call_id".to_string(),
+                        )
+                    })?;
                 let text = text_of(m.get("content"), i)?;
                 (
                     "user",
@@ -176,8 +173,9 @@ fn messages(messages: Option<&Value>) -> Result<(Vec<String>, Vec<Value>), Strin
                 )
             }
             other => {
-                return Err(format!(
-                    "messages[{i}]: role {other:?} has no equivalent in the Messages API"
+                return Err(Refusal::at(
+                    format!("messages.{i}"),
+                    format!("role {other:?} has no equivalent in the Messages API"),
                 ));
             }
         };
@@ -202,7 +200,7 @@ fn messages(messages: Option<&Value>) -> Result<(Vec<String>, Vec<Value>), Strin
 }
 
 /// A message's content as plain text (system and tool messages).
-fn text_of(content: Option<&Value>, i: usize) -> Result<String, String> {
+fn text_of(content: Option<&Value>, i: usize) -> Result<String, Refusal> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
@@ -214,30 +212,35 @@ fn text_of(content: Option<&Value>, i: usize) -> Result<String, String> {
                         text.push_str(part.get("text").and_then(Value::as_str).unwrap_or_default())
                     }
                     other => {
-                        return Err(format!(
-                            "messages[{i}]: a {} part here has no equivalent in the Messages API",
-                            other.unwrap_or("typeless")
+                        return Err(Refusal::at(
+                            format!("messages.{i}"),
+                            format!(
+                                "a {} part here has no equivalent in the Messages API",
+                                other.unwrap_or("typeless")
+                            ),
                         ));
                     }
                 }
             }
             Ok(text)
         }
-        Some(_) => Err(format!(
-            "messages[{i}]: content must be a string or an array of parts"
+        Some(_) => Err(Refusal::at(
+            format!("messages.{i}"),
+            "content must be a string or an array of parts".to_string(),
         )),
     }
 }
 
 /// A user message's content as blocks: text and images.
-fn content_blocks(content: Option<&Value>, i: usize) -> Result<Vec<Value>, String> {
+fn content_blocks(content: Option<&Value>, i: usize) -> Result<Vec<Value>, Refusal> {
     let parts = match content {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::String(s)) => return Ok(text_block(s).into_iter().collect()),
         Some(Value::Array(parts)) => parts,
         Some(_) => {
-            return Err(format!(
-                "messages[{i}]: content must be a string or an array of parts"
+            return Err(Refusal::at(
+                format!("messages.{i}"),
+                "content must be a string or an array of parts".to_string(),
             ));
         }
     };
@@ -254,14 +257,20 @@ fn content_blocks(content: Option<&Value>, i: usize) -> Result<Vec<Value>, Strin
                     .pointer("/image_url/url")
                     .and_then(Value::as_str)
                     .ok_or_else(|| {
-                        format!("messages[{i}]: an image_url part needs image_url.url")
+                        Refusal::at(
+                            format!("messages.{i}"),
+                            "an image_url part needs image_url.url".to_string(),
+                        )
                     })?;
                 blocks.push(image_block(url, i)?);
             }
             other => {
-                return Err(format!(
-                    "messages[{i}]: a {} part has no equivalent in the Messages API",
-                    other.unwrap_or("typeless")
+                return Err(Refusal::at(
+                    format!("messages.{i}"),
+                    format!(
+                        "a {} part has no equivalent in the Messages API",
+                        other.unwrap_or("typeless")
+                    ),
                 ));
             }
         }
@@ -276,14 +285,20 @@ fn text_block(text: &str) -> Option<Value> {
 
 /// An image block: a data URL's bytes as a base64 source, any other URL as
 /// a URL source.
-fn image_block(url: &str, i: usize) -> Result<Value, String> {
+fn image_block(url: &str, i: usize) -> Result<Value, Refusal> {
     if let Some(rest) = url.strip_prefix("data:") {
-        let (meta, data) = rest
-            .split_once(',')
-            .ok_or_else(|| format!("messages[{i}]: a data URL without data"))?;
-        let media_type = meta
-            .strip_suffix(";base64")
-            .ok_or_else(|| format!("messages[{i}]: an image data URL must be base64"))?;
+        let (meta, data) = rest.split_once(',').ok_or_else(|| {
+            Refusal::at(
+                format!("messages.{i}"),
+                "a data URL without data".to_string(),
+            )
+        })?;
+        let media_type = meta.strip_suffix(";base64").ok_or_else(|| {
+            Refusal::at(
+                format!("messages.{i}"),
+                "an image data URL must be base64".to_string(),
+            )
+        })?;
         return Ok(json!({
             "type": "image",
             "source": {"type": "base64", "media_type": media_type, "data": data}
@@ -293,7 +308,7 @@ fn image_block(url: &str, i: usize) -> Result<Value, String> {
 }
 
 /// An assistant message as blocks: its text, then its tool calls.
-fn assistant_blocks(m: &Value, i: usize) -> Result<Vec<Value>, String> {
+fn assistant_blocks(m: &Value, i: usize) -> Result<Vec<Value>, Refusal> {
     let mut blocks = Vec::new();
     match m.get("content") {
         None | Some(Value::Null) => {}
@@ -304,9 +319,12 @@ fn assistant_blocks(m: &Value, i: usize) -> Result<Vec<Value>, String> {
                     Some("text") => part.get("text"),
                     Some("refusal") => part.get("refusal"),
                     other => {
-                        return Err(format!(
-                            "messages[{i}]: a {} part has no equivalent in the Messages API",
-                            other.unwrap_or("typeless")
+                        return Err(Refusal::at(
+                            format!("messages.{i}"),
+                            format!(
+                                "a {} part has no equivalent in the Messages API",
+                                other.unwrap_or("typeless")
+                            ),
                         ));
                     }
                 };
@@ -314,8 +332,9 @@ fn assistant_blocks(m: &Value, i: usize) -> Result<Vec<Value>, String> {
             }
         }
         Some(_) => {
-            return Err(format!(
-                "messages[{i}]: content must be a string or an array of parts"
+            return Err(Refusal::at(
+                format!("messages.{i}"),
+                "content must be a string or an array of parts".to_string(),
             ));
         }
     }
@@ -325,7 +344,12 @@ fn assistant_blocks(m: &Value, i: usize) -> Result<Vec<Value>, String> {
             let name = call
                 .pointer("/function/name")
                 .and_then(Value::as_str)
-                .ok_or_else(|| format!("messages[{i}]: a tool call needs function.name"))?;
+                .ok_or_else(|| {
+                    Refusal::at(
+                        format!("messages.{i}"),
+                        "a tool call needs function.name".to_string(),
+                    )
+                })?;
             let arguments = call
                 .pointer("/function/arguments")
                 .and_then(Value::as_str)
@@ -334,7 +358,10 @@ fn assistant_blocks(m: &Value, i: usize) -> Result<Vec<Value>, String> {
                 json!({})
             } else {
                 serde_json::from_str(arguments).map_err(|_| {
-                    format!("messages[{i}]: the arguments of tool call {id:?} are not JSON")
+                    Refusal::at(
+                        format!("messages.{i}"),
+                        format!("the arguments of tool call {id:?} are not JSON"),
+                    )
                 })?
             };
             blocks.push(json!({"type": "tool_use", "id": id, "name": name, "input": input}));
@@ -344,25 +371,25 @@ fn assistant_blocks(m: &Value, i: usize) -> Result<Vec<Value>, String> {
 }
 
 /// Function tools as Anthropic tools.
-fn tools(tools: Option<&Value>) -> Result<Vec<Value>, String> {
+fn tools(tools: Option<&Value>) -> Result<Vec<Value>, Refusal> {
     let list = match tools {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(list)) => list,
-        Some(_) => return Err("`tools` must be an array".into()),
+        Some(_) => return Err(Refusal::at("tools", "`tools` must be an array")),
     };
     list.iter()
         .enumerate()
         .map(|(i, t)| {
             if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(format!("tools[{i}]: only function tools have an equivalent in the Messages API"));
+                return Err(Refusal::at(format!("tools.{i}.type"), "only function tools have an equivalent in the Messages API"));
             }
             let f = t
                 .get("function")
-                .ok_or_else(|| format!("tools[{i}]: a function tool needs `function`"))?;
+                .ok_or_else(|| Refusal::at(format!("tools.{i}.type"), "a function tool needs `function`"))?;
             let name = f
                 .get("name")
                 .and_then(Value::as_str)
-                .ok_or_else(|| format!("tools[{i}]: a function needs a name"))?;
+                .ok_or_else(|| Refusal::at(format!("tools.{i}.type"), "a function needs a name"))?;
             let mut tool = json!({
                 "name": name,
                 "input_schema": f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
@@ -376,7 +403,7 @@ fn tools(tools: Option<&Value>) -> Result<Vec<Value>, String> {
 }
 
 /// `tool_choice` in Anthropic's words.
-fn tool_choice(choice: Option<&Value>) -> Result<Option<Value>, String> {
+fn tool_choice(choice: Option<&Value>) -> Result<Option<Value>, Refusal> {
     Ok(match choice {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(match s.as_str() {
@@ -384,8 +411,9 @@ fn tool_choice(choice: Option<&Value>) -> Result<Option<Value>, String> {
             "none" => json!({"type": "none"}),
             "required" => json!({"type": "any"}),
             other => {
-                return Err(format!(
-                    "`tool_choice` {other:?} has no equivalent in the Messages API"
+                return Err(Refusal::at(
+                    "tool_choice",
+                    format!("`tool_choice` {other:?} has no equivalent in the Messages API"),
                 ));
             }
         }),
@@ -393,7 +421,7 @@ fn tool_choice(choice: Option<&Value>) -> Result<Option<Value>, String> {
             let name = c
                 .pointer("/function/name")
                 .and_then(Value::as_str)
-                .ok_or_else(|| "`tool_choice` must name a function".to_string())?;
+                .ok_or_else(|| Refusal::at("tool_choice", "`tool_choice` must name a function"))?;
             Some(json!({"type": "tool", "name": name}))
         }
     })
@@ -401,7 +429,7 @@ fn tool_choice(choice: Option<&Value>) -> Result<Option<Value>, String> {
 
 /// A `response_format` that asks for JSON: the name and input schema of
 /// the tool that will carry it.
-fn json_format(format: Option<&Value>) -> Result<Option<(String, Value)>, String> {
+fn json_format(format: Option<&Value>) -> Result<Option<(String, Value)>, Refusal> {
     let Some(format) = format.filter(|f| !f.is_null()) else {
         return Ok(None);
     };
@@ -431,8 +459,9 @@ fn json_format(format: Option<&Value>) -> Result<Option<(String, Value)>, String
             };
             Ok(Some((name, schema)))
         }
-        Some(other) => Err(format!(
-            "`response_format` {other:?} has no equivalent in the Messages API"
+        Some(other) => Err(Refusal::at(
+            "response_format.type",
+            format!("`response_format` {other:?} has no equivalent in the Messages API"),
         )),
     }
 }
@@ -568,7 +597,7 @@ mod tests {
 
     #[test]
     fn what_changes_the_answers_shape_is_refused() {
-        let refused = |v: Value| translate(&chat(v), 10).unwrap_err();
+        let refused = |v: Value| translate(&chat(v), 10).unwrap_err().message;
         let m = json!([{"role": "user", "content": "x"}]);
         assert!(refused(json!({"messages": m, "n": 2})).contains("`n`"));
         assert!(refused(json!({"messages": m, "logprobs": true})).contains("logprobs"));

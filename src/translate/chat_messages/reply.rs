@@ -13,7 +13,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::providers::Reading;
+use super::Reading;
 
 /// `finish_reason` for a `stop_reason` (`json`: the answer is a
 /// `response_format`'s forced tool, which ended the turn as a stop).
