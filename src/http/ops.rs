@@ -69,8 +69,12 @@ pub async fn metrics(
     let live = app.live.load();
     if live.config.admin.metrics_require_key {
         let auth = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-        if live.keyring.authenticate(auth) != Some(Principal::Admin) {
-            return Err(ApiError::AdminOnly);
+        // As on every admin endpoint: no key or an unknown one is 401, a
+        // tenant's key is 403.
+        match live.keyring.authenticate(auth) {
+            Some(Principal::Admin) => {}
+            Some(Principal::Tenant(_)) => return Err(ApiError::AdminOnly),
+            None => return Err(ApiError::Unauthorized),
         }
     }
     let mut resp = app.metrics.render().into_response();

@@ -408,7 +408,8 @@ pub fn messages_request(
 /// Checks a request of OpenAI's Responses API as far as a gateway must:
 /// `model`, `input` (a string, or an array of items within the limit;
 /// optional when it continues a stored response), `stream` and `store`
-/// (booleans), `previous_response_id` (a string).
+/// (booleans), `previous_response_id` (a string), and the ranges and types
+/// of the sampling and shape fields, each named as the client wrote it.
 pub fn responses_request(
     body: Map<String, Value>,
     limits: &Limits,
@@ -434,9 +435,26 @@ pub fn responses_request(
         }
         Some(_) => return Err(wrong_type("input", "a string or an array of items")),
     }
+    // Checked here, under the Responses names the client wrote, never as
+    // the chat fields a translation would make of them.
+    number_in(&body, "temperature", 0.0, 2.0)?;
+    number_in(&body, "top_p", 0.0, 1.0)?;
+    integer_in(&body, "max_output_tokens", 1, 100_000_000)?;
+    integer_in(&body, "top_logprobs", 0, 20)?;
     of_type(&body, "stream", Value::is_boolean, "a boolean")?;
     of_type(&body, "store", Value::is_boolean, "a boolean")?;
+    of_type(&body, "parallel_tool_calls", Value::is_boolean, "a boolean")?;
     of_type(&body, "previous_response_id", Value::is_string, "a string")?;
+    of_type(
+        &body,
+        "instructions",
+        |v| v.is_string() || v.is_array(),
+        "a string or an array of items",
+    )?;
+    of_type(&body, "tools", Value::is_array, "an array")?;
+    of_type(&body, "metadata", Value::is_object, "an object")?;
+    of_type(&body, "text", Value::is_object, "an object")?;
+    of_type(&body, "reasoning", Value::is_object, "an object")?;
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     Ok(ChatRequest {
         body: Arc::new(body),

@@ -410,7 +410,14 @@ async fn eight_worst_case_bodies_per_face_stay_under_the_memory_ceiling() {
             }
         }
     };
-    assert_eq!(ask("/v1/chat/completions", worst_body("/v1/chat/completions", 100)).await, 200);
+    assert_eq!(
+        ask(
+            "/v1/chat/completions",
+            worst_body("/v1/chat/completions", 100)
+        )
+        .await,
+        200
+    );
     let (_, idle) = memory_of(pid);
     let paths = [
         "/v1/chat/completions",
@@ -444,7 +451,14 @@ async fn eight_worst_case_bodies_per_face_stay_under_the_memory_ceiling() {
     let (peak, _) = memory_of(pid);
     eprintln!("idle {} MiB, peak {} MiB", idle >> 20, peak >> 20);
     // Serving as before.
-    assert_eq!(ask("/v1/chat/completions", worst_body("/v1/chat/completions", 200)).await, 200);
+    assert_eq!(
+        ask(
+            "/v1/chat/completions",
+            worst_body("/v1/chat/completions", 200)
+        )
+        .await,
+        200
+    );
     // The memory goes back: at least half of what the bodies took is
     // returned (the rest is the answers the result cache keeps, the
     // store's pages and the allocator's retained arenas).

@@ -81,6 +81,8 @@ pub struct Spec {
     pub storage_url: Option<String>,
     /// Extra keys of tenant `acme` (`rate_limit = {...}`).
     pub acme: String,
+    /// Extra keys of the `[admin]` table (`metrics_require_key = true`).
+    pub admin: String,
     /// The provider kinds of `primary` and `fallback`: the mock speaks
     /// OpenAI's wire format and Anthropic's.
     pub primary_kind: ProviderKind,
@@ -104,6 +106,7 @@ impl Default for Spec {
             postgres: false,
             storage_url: None,
             acme: String::new(),
+            admin: String::new(),
             primary_kind: ProviderKind::Openai,
             fallback_kind: ProviderKind::Openai,
         }
@@ -153,6 +156,7 @@ max_connections = 8
 format = "json"
 [admin]
 api_keys = ["{ADMIN}"]
+{admin}
 [[tenants]]
 name = "acme"
 api_keys = ["{ACME}"]
@@ -168,6 +172,7 @@ name = "primary"
         server = spec.server,
         jobs = spec.jobs,
         acme = spec.acme,
+        admin = spec.admin,
         primary = provider_keys(spec.primary_kind, &mocks.primary),
         timeout = spec.provider_timeout,
         provider_extra = spec.provider_extra,

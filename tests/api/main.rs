@@ -25,6 +25,7 @@ mod jobs;
 mod ops;
 mod patterns;
 mod private_services;
+mod probes;
 mod provenance;
 mod providers;
 mod readme;
