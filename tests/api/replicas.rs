@@ -569,3 +569,73 @@ async fn a_streaming_follower_on_another_replica_gets_a_valid_stream() {
     }
     assert_eq!(c.mocks.primary.stats().calls, 1);
 }
+
+/// A stored response deleted on one replica leaves every replica's cache:
+/// the replica that served it from its own cache makes a new call with a
+/// new id for the same request, and `GET` on the deleted id is 404 on
+/// both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_response_deleted_on_one_replica_leaves_every_replicas_cache() {
+    let spec = Spec {
+        cache: "ttl = \"60s\"\n".into(),
+        ..Spec::default()
+    };
+    let c = Cluster::start(2, spec, &redis_url()).await;
+    let body = json!({"model": "bot", "input": "remember me everywhere"});
+    let respond = |i: usize| {
+        let url = format!("{}/v1/responses", c.base(i));
+        let r = c.client.post(url).bearer_auth(ACME).json(&body).send();
+        async move {
+            let r = r.await.unwrap();
+            assert_eq!(r.status(), 200);
+            let outcome = r.headers()["idem-outcome"].to_str().unwrap().to_string();
+            let v: Value = r.json().await.unwrap();
+            (v["id"].as_str().unwrap().to_string(), outcome)
+        }
+    };
+    let (id, outcome) = respond(0).await;
+    assert_eq!(outcome, "leader");
+    // Both replicas answer it from a cache now: replica 1 from the shared
+    // one (and keeps it in its own), replica 0 from its own.
+    assert_eq!(respond(1).await, (id.clone(), "cache-hit".to_string()));
+    assert_eq!(respond(0).await, (id.clone(), "cache-hit".to_string()));
+    assert_eq!(respond(1).await, (id.clone(), "cache-hit".to_string()));
+    assert_eq!(c.mocks.primary.stats().calls, 1);
+    let r = c
+        .client
+        .delete(format!("{}/v1/responses/{id}", c.base(1)))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    for i in 0..2 {
+        let r = c
+            .client
+            .get(format!("{}/v1/responses/{id}", c.base(i)))
+            .bearer_auth(ACME)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "replica {i}");
+    }
+    // Replica 0 hears of the deletion on the shared channel: once it has,
+    // the same request is a new call with a new id (until then it may
+    // still answer from its own copy, at most until the TTL; the 60 s TTL
+    // is far past this wait).
+    let mut fresh = None;
+    for _ in 0..250 {
+        let (again, outcome) = respond(0).await;
+        if again != id {
+            fresh = Some((again, outcome));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (fresh, outcome) = fresh.expect("replica 0 kept serving the deleted response");
+    assert_eq!(outcome, "leader");
+    assert_eq!(c.mocks.primary.stats().calls, 2);
+    // Replica 1 now shares the new answer, not the deleted one.
+    assert_eq!(respond(1).await.0, fresh);
+    assert_eq!(c.mocks.primary.stats().calls, 2);
+}
