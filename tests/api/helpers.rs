@@ -790,3 +790,86 @@ macro_rules! each_kind {
 }
 #[allow(unused_imports)]
 pub(crate) use each_kind;
+
+/// The process's peak and current resident memory, in bytes (`VmHWM`,
+/// `VmRSS` of /proc/PID/status).
+pub fn memory_of(pid: u32) -> (u64, u64) {
+    try_memory_of(pid).unwrap_or_else(|| panic!("no memory figures for process {pid}"))
+}
+
+/// [`memory_of`], or `None` when the process is gone.
+pub fn try_memory_of(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    Some((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+/// The documented ceiling of a gateway at its defaults under hostile
+/// bodies (SECURITY.md, "Bounds").
+pub const MEMORY_CEILING: u64 = 512 * 1024 * 1024;
+
+/// `count` copies of `item` (JSON text), comma-separated.
+fn repeated(item: &str, count: usize) -> String {
+    let mut s = String::with_capacity((item.len() + 1) * count);
+    for i in 0..count {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(item);
+    }
+    s
+}
+
+/// The size of a [`worst_body`] for `path` of about 95,000 JSON values
+/// and keys: just under the default values budget of 100,000.
+pub fn just_under_the_values_budget(path: &str) -> usize {
+    // Per item: its values and keys, and its bytes with the comma.
+    let (values, bytes) = match path {
+        "/v1/messages" => (5, 26),
+        "/v1/responses" => (5, 31),
+        _ => (3, 8),
+    };
+    95_000 / values * bytes
+}
+
+/// A worst-case body for `path` of about `bytes` bytes, made of the
+/// smallest JSON values each face reads: empty text blocks (Messages),
+/// input items (Responses), tiny objects in an unknown field (chat,
+/// embeddings, jobs; there `prompt` is the user's message).
+pub fn worst_body(path: &str, bytes: usize, prompt: &str) -> Vec<u8> {
+    let text = match path {
+        "/v1/messages" => {
+            let block = r#"{"type":"text","text":""}"#;
+            format!(
+                r#"{{"model":"bot","max_tokens":16,"messages":[{{"role":"user","content":[{}]}}]}}"#,
+                repeated(block, bytes / (block.len() + 1))
+            )
+        }
+        "/v1/responses" => {
+            let item = r#"{"role":"user","content":"x"}"#;
+            format!(
+                r#"{{"model":"bot","input":[{}]}}"#,
+                repeated(item, bytes / (item.len() + 1))
+            )
+        }
+        _ => {
+            let chat = format!(
+                r#"{{"model":"bot","messages":[{{"role":"user","content":{}}}],"filler":[{}]}}"#,
+                Value::from(prompt),
+                repeated(r#"{"a":1}"#, bytes / 8)
+            );
+            if path == "/v1/jobs" {
+                format!(r#"{{"request":{chat}}}"#)
+            } else {
+                chat
+            }
+        }
+    };
+    text.into_bytes()
+}

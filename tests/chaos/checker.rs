@@ -30,6 +30,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use idem::mock_upstream::{CallOutcome, CallRecord};
 use serde_json::Value;
 
+use crate::cluster::MAX_CONVERSATION_BYTES;
+use crate::fleet::TURN_INPUT_BYTES;
+use crate::helpers::MEMORY_CEILING;
 use crate::history::{AttemptRow, FaultKind, History, JobRow, OpKind, Seen, prompt_of};
 
 /// Tolerance on timestamps taken by different processes (ms).
@@ -69,7 +72,60 @@ pub fn check(h: &History) -> Vec<Violation> {
     upstream_calls_bounded(h, &mut out);
     one_answer_per_flight(h, &mut out);
     job_calls_bounded_by_attempts(h, &mut out);
+    memory_bounded(h, &mut out);
+    hostile_input_bounded(h, &mut out);
     out
+}
+
+/// No replica process ever holds more than the documented ceiling
+/// (SECURITY.md, "Bounds"), hostile bodies and long conversations
+/// included.
+fn memory_bounded(h: &History, out: &mut Vec<Violation>) {
+    for m in &h.memory {
+        if m.peak >= MEMORY_CEILING {
+            out.push(v(
+                "memory_bounded",
+                format!(
+                    "replica {} (pid {}) reached {} MiB at {}, past the {} MiB bound",
+                    m.replica,
+                    m.pid,
+                    m.peak >> 20,
+                    m.at_ms,
+                    MEMORY_CEILING >> 20
+                ),
+            ));
+        }
+    }
+}
+
+/// A hostile request is refused by its bound or served, never an internal
+/// error: a body past the JSON values budget is never answered 200, and a
+/// conversation whose stored turns already pass
+/// `responses.max_conversation_bytes` is never continued.
+fn hostile_input_bounded(h: &History, out: &mut Vec<Violation>) {
+    for r in &h.hostile {
+        let problem = if r.status == 500 {
+            Some("an internal error")
+        } else if r.what == "values" && r.status == 200 {
+            Some("a 200 for a body past the JSON values budget")
+        } else if r.what == "turn"
+            && r.status == 200
+            && (r.turn - 1) * TURN_INPUT_BYTES > MAX_CONVERSATION_BYTES
+        {
+            Some("a 200 for a conversation past responses.max_conversation_bytes")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            out.push(v(
+                "hostile_input_bounded",
+                format!(
+                    "{} {} (turn {}): {problem} ({} {:?})",
+                    r.path, r.what, r.turn, r.status, r.code
+                ),
+            ));
+        }
+    }
 }
 
 fn jobs_by_key(h: &History) -> HashMap<(&str, &str), Vec<&JobRow>> {
@@ -761,6 +817,12 @@ pub struct Progress {
     /// PostgreSQL restarts), against the schedule's.
     pub faults_injected: usize,
     pub faults_scheduled: usize,
+    /// Hostile requests refused by a bound (the values budget, the
+    /// conversation bound, the intake's 503), of all hostile requests.
+    pub hostile_refused: usize,
+    pub hostile: usize,
+    /// Replica processes whose memory was watched.
+    pub memory_watched: usize,
 }
 
 impl Progress {
@@ -790,11 +852,24 @@ impl Progress {
                 })
                 .count(),
             faults_scheduled,
+            hostile_refused: h
+                .hostile
+                .iter()
+                .filter(|r| {
+                    matches!(
+                        r.code.as_deref(),
+                        Some("too_many_json_values" | "conversation_too_long" | "server_busy")
+                    )
+                })
+                .count(),
+            hostile: h.hostile.len(),
+            memory_watched: h.memory.len(),
         }
     }
 
     /// What is missing for the run to count: no job succeeded, no wave was
-    /// answered, fewer faults than scheduled.
+    /// answered, fewer faults than scheduled, no hostile request refused by a
+    /// bound, no memory watched.
     pub fn shortfalls(&self) -> Vec<String> {
         let mut out = Vec::new();
         if self.jobs_succeeded == 0 {
@@ -802,6 +877,15 @@ impl Progress {
         }
         if self.waves_answered == 0 {
             out.push(format!("no wave was answered (of {})", self.waves));
+        }
+        if self.hostile_refused == 0 {
+            out.push(format!(
+                "no hostile request was refused by a bound (of {})",
+                self.hostile
+            ));
+        }
+        if self.memory_watched == 0 {
+            out.push("no replica's memory was watched".to_string());
         }
         if self.faults_injected < self.faults_scheduled {
             out.push(format!(
@@ -817,13 +901,17 @@ impl std::fmt::Display for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} of {} jobs succeeded, {} of {} waves answered, {} of {} scheduled faults injected",
+            "{} of {} jobs succeeded, {} of {} waves answered, {} of {} scheduled faults injected, \
+             {} of {} hostile requests refused by a bound, {} replica processes' memory watched",
             self.jobs_succeeded,
             self.jobs,
             self.waves_answered,
             self.waves,
             self.faults_injected,
-            self.faults_scheduled
+            self.faults_scheduled,
+            self.hostile_refused,
+            self.hostile,
+            self.memory_watched
         )
     }
 }
@@ -837,7 +925,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::history::{Fault, Op, Quiet, Wave};
+    use crate::history::{Fault, Hostile, Memory, Op, Quiet, Wave};
 
     const T0: i64 = 1_000_000;
 
@@ -965,7 +1053,56 @@ mod tests {
                 inflight: vec![0, 0, 0],
             },
             replicas: 3,
+            memory: vec![Memory {
+                replica: 0,
+                pid: 7,
+                peak: 100 << 20,
+                at_ms: T0,
+            }],
+            hostile: vec![
+                hostile("values", 0, 400, "too_many_json_values"),
+                hostile("parsed", 0, 200, ""),
+                hostile("turn", 1, 200, ""),
+                hostile("turn", 7, 400, "conversation_too_long"),
+            ],
         }
+    }
+
+    fn hostile(what: &'static str, turn: usize, status: u16, code: &str) -> Hostile {
+        Hostile {
+            path: "/v1/responses",
+            what,
+            turn,
+            status,
+            code: (!code.is_empty()).then(|| code.to_string()),
+        }
+    }
+
+    /// A replica past the memory ceiling is flagged.
+    #[test]
+    fn a_replica_past_the_memory_ceiling_is_flagged() {
+        let mut h = clean();
+        h.memory[0].peak = MEMORY_CEILING;
+        assert_eq!(rules(&h), vec!["memory_bounded"]);
+    }
+
+    /// An internal error, a 200 past the values budget and a 200 for a
+    /// conversation past its bound are each flagged.
+    #[test]
+    fn hostile_requests_past_their_bounds_are_flagged() {
+        for bad in [
+            hostile("parsed", 0, 500, "internal_error"),
+            hostile("values", 0, 200, ""),
+            hostile("turn", 7, 200, ""),
+        ] {
+            let mut h = clean();
+            h.hostile.push(bad.clone());
+            assert_eq!(rules(&h), vec!["hostile_input_bounded"], "{bad:?}");
+        }
+        // The first turns of a conversation are no violation.
+        let mut h = clean();
+        h.hostile.push(hostile("turn", 2, 200, ""));
+        assert_eq!(rules(&h), Vec::<&str>::new());
     }
 
     fn rules(h: &History) -> Vec<&'static str> {
@@ -1060,6 +1197,16 @@ mod tests {
         });
         assert_eq!(Progress::of(&h, 1).faults_injected, 1);
         assert_eq!(Progress::of(&h, 2).shortfalls().len(), 1);
+        // No hostile request refused, no memory watched: no progress.
+        h.hostile.retain(|r| r.code.is_none());
+        h.memory.clear();
+        assert_eq!(
+            Progress::of(&h, 1).shortfalls(),
+            vec![
+                "no hostile request was refused by a bound (of 2)",
+                "no replica's memory was watched"
+            ]
+        );
     }
 
     /// A run where every request failed breaks no rule, and shows no

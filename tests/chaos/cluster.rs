@@ -28,6 +28,10 @@ pub const PROVIDER_TIMEOUT_MS: u64 = 3_000;
 /// The providers' `max_answer_bytes`: the mock's padded answers exceed it.
 pub const MAX_ANSWER_BYTES: u64 = 65_536;
 
+/// The replicas' `responses.max_conversation_bytes`: the hostile client's
+/// chains run past it within a few turns.
+pub const MAX_CONVERSATION_BYTES: usize = 1024 * 1024;
+
 pub fn free_port() -> u16 {
     services::free_port().unwrap_or_else(|e| panic!("{e}"))
 }
@@ -36,20 +40,30 @@ pub fn free_port() -> u16 {
 /// before every request, so they follow restarts.
 #[derive(Default)]
 pub struct Directory {
-    bases: RwLock<Vec<Option<String>>>,
+    bases: RwLock<Vec<Option<(String, u32)>>>,
 }
 
 impl Directory {
     pub fn get(&self, i: usize) -> Option<String> {
-        self.bases.read().unwrap().get(i).cloned().flatten()
+        let b = self.bases.read().unwrap();
+        b.get(i).cloned().flatten().map(|(base, _)| base)
     }
 
-    fn set(&self, i: usize, base: Option<String>) {
+    /// The process ids of the replicas that are up, with their slots.
+    pub fn pids(&self) -> Vec<(usize, u32)> {
+        let b = self.bases.read().unwrap();
+        b.iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.as_ref().map(|(_, pid)| (i, *pid)))
+            .collect()
+    }
+
+    fn set(&self, i: usize, replica: Option<(String, u32)>) {
         let mut b = self.bases.write().unwrap();
         if b.len() <= i {
             b.resize(i + 1, None);
         }
-        b[i] = base;
+        b[i] = replica;
     }
 }
 
@@ -296,8 +310,9 @@ pub fn config_text(db: &str, redis: &str, prefix: &str, mock: &MockServer) -> St
 [server]
 listen = "127.0.0.1:0"
 request_timeout = "10s"
-max_body_bytes = 65536
 shutdown_grace = "2s"
+[responses]
+max_conversation_bytes = {MAX_CONVERSATION_BYTES}
 [storage]
 url = "{db}"
 max_connections = 8
@@ -471,7 +486,7 @@ impl Cluster {
                 let _ = f.write_all(b"\n").await;
             }
         });
-        self.directory.set(i, Some(proc.base.clone()));
+        self.directory.set(i, Some((proc.base.clone(), proc.pid())));
         slot.proc = Some(proc);
     }
 
@@ -579,5 +594,39 @@ pub async fn watch_redis_errors(
             () = stop.cancelled() => {}
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
+    }
+}
+
+/// Samples every live replica's peak resident memory (`VmHWM`, which only
+/// grows over a process's life) every 100 ms until `stop`, and records each
+/// process's highest reading.
+pub async fn watch_memory(
+    directory: Arc<Directory>,
+    rec: Arc<crate::history::Recorder>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut peaks: std::collections::BTreeMap<u32, (usize, u64, i64)> = Default::default();
+    loop {
+        for (replica, pid) in directory.pids() {
+            let Some((peak, _)) = crate::helpers::try_memory_of(pid) else {
+                continue;
+            };
+            let entry = peaks.entry(pid).or_insert((replica, 0, 0));
+            if peak > entry.1 {
+                *entry = (replica, peak, crate::history::now_ms());
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    for (pid, (replica, peak, at_ms)) in peaks {
+        rec.memory(crate::history::Memory {
+            replica,
+            pid,
+            peak,
+            at_ms,
+        });
     }
 }

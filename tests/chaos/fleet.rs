@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Directory, REPLICAS};
 use crate::helpers::{ACME, BETA};
-use crate::history::{Op, OpKind, Recorder, Seen, Wave, now_ms};
+use crate::history::{Hostile, Op, OpKind, Recorder, Seen, Wave, now_ms};
 
 pub const TENANTS: [&str; 2] = ["acme", "beta"];
 
@@ -518,4 +518,113 @@ pub async fn wave_client(ctx: Ctx, id: usize, wave_size: usize) {
             break;
         }
     }
+}
+
+/// The hostile client: among the normal traffic, bursts of four worst-case
+/// bodies at once to one replica (each face's smallest JSON values, past
+/// the values budget or just under it), and now and then a conversation
+/// continued turn after turn across the replicas until it passes
+/// `responses.max_conversation_bytes`. What each request got is recorded;
+/// the replicas' memory is watched beside it (`cluster::watch_memory`).
+pub async fn hostile_client(ctx: Ctx) {
+    const PATHS: [&str; 4] = [
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/responses",
+        "/v1/embeddings",
+    ];
+    let mut n = 0usize;
+    while !ctx.stop.is_cancelled() {
+        n += 1;
+        let path = PATHS[n % PATHS.len()];
+        let (what, bytes) = if n % 2 == 0 {
+            ("values", 8 * 1024 * 1024 - 4096)
+        } else {
+            ("parsed", crate::helpers::just_under_the_values_budget(path))
+        };
+        let (_, base) = ctx.base(n % REPLICAS);
+        if let Some(base) = base {
+            let body = crate::helpers::worst_body(path, bytes, &format!("hostile {n}"));
+            let sends = (0..4).map(|_| hostile_post(&ctx, &base, path, body.clone()));
+            for (status, code) in futures_util::future::join_all(sends).await {
+                ctx.rec.hostile(Hostile {
+                    path,
+                    what,
+                    turn: 0,
+                    status,
+                    code,
+                });
+            }
+        }
+        if n % 4 == 1 {
+            conversation(&ctx, n).await;
+        }
+        if !pause(&ctx, 200).await {
+            break;
+        }
+    }
+}
+
+/// The input of each turn of a hostile conversation, at least (bytes).
+pub const TURN_INPUT_BYTES: usize = 200_000;
+
+/// A conversation continued turn after turn (each turn
+/// [`TURN_INPUT_BYTES`] of input and more, each on the next replica) until
+/// a turn is refused or eight turns were made.
+async fn conversation(ctx: &Ctx, n: usize) {
+    let mut previous: Option<String> = None;
+    for turn in 1..=8 {
+        let (_, Some(base)) = ctx.base(n + turn) else {
+            return;
+        };
+        let mut body = json!({
+            "model": "bot",
+            "input": format!("hostile chain {n} turn {turn}: {}", "word ".repeat(TURN_INPUT_BYTES / 5)),
+        });
+        if let Some(p) = &previous {
+            body["previous_response_id"] = json!(p);
+        }
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let (status, code, id) = hostile_send(ctx, &base, "/v1/responses", bytes).await;
+        ctx.rec.hostile(Hostile {
+            path: "/v1/responses",
+            what: "turn",
+            turn,
+            status,
+            code,
+        });
+        match (status, id) {
+            (200, Some(id)) => previous = Some(id),
+            _ => return,
+        }
+    }
+}
+
+async fn hostile_post(ctx: &Ctx, base: &str, path: &str, body: Vec<u8>) -> (u16, Option<String>) {
+    let (status, code, _) = hostile_send(ctx, base, path, body).await;
+    (status, code)
+}
+
+/// Sends `body` as tenant `acme`: its status, error code and `id`.
+async fn hostile_send(
+    ctx: &Ctx,
+    base: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, Option<String>, Option<String>) {
+    let sent = ctx
+        .client
+        .post(format!("{base}{path}"))
+        .bearer_auth(ACME)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await;
+    let Ok(r) = sent else {
+        return (0, None, None);
+    };
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    let id = v["id"].as_str().map(str::to_owned);
+    (status, code_of(&v), id)
 }

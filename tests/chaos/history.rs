@@ -255,6 +255,36 @@ pub struct History {
     pub quiet: Quiet,
     /// Replicas in the cluster (the bound on local leaders in an outage).
     pub replicas: usize,
+    /// Each replica process's highest resident memory.
+    pub memory: Vec<Memory>,
+    /// The hostile client's requests.
+    pub hostile: Vec<Hostile>,
+}
+
+/// A replica process's highest resident memory seen (`VmHWM`).
+#[derive(Debug, Clone)]
+pub struct Memory {
+    pub replica: usize,
+    pub pid: u32,
+    pub peak: u64,
+    /// When that peak was first seen.
+    pub at_ms: i64,
+}
+
+/// One request of the hostile client: a worst-case body or a turn of a
+/// long conversation, and what it got.
+#[derive(Debug, Clone)]
+pub struct Hostile {
+    pub path: &'static str,
+    /// `values` (past the JSON values budget), `parsed` (just under it) or
+    /// `turn` (of a conversation).
+    pub what: &'static str,
+    /// The turn of a conversation (1: its first request), else 0.
+    pub turn: usize,
+    /// 0: a transport error (a replica killed, a refused body's connection
+    /// closed before it was all sent).
+    pub status: u16,
+    pub code: Option<String>,
 }
 
 /// The shared recorder the fleet and the nemesis write into.
@@ -263,6 +293,8 @@ pub struct Recorder {
     pub ops: Mutex<Vec<Op>>,
     pub faults: Mutex<Vec<Fault>>,
     pub waves: Mutex<Vec<Wave>>,
+    pub memory: Mutex<Vec<Memory>>,
+    pub hostile: Mutex<Vec<Hostile>>,
 }
 
 impl Recorder {
@@ -277,5 +309,13 @@ impl Recorder {
 
     pub fn wave(&self, w: Wave) {
         self.waves.lock().unwrap().push(w);
+    }
+
+    pub fn memory(&self, m: Memory) {
+        self.memory.lock().unwrap().push(m);
+    }
+
+    pub fn hostile(&self, h: Hostile) {
+        self.hostile.lock().unwrap().push(h);
     }
 }

@@ -1,7 +1,9 @@
 //! The chaos test (`cargo test --test chaos`): three idem replicas on a
 //! private Redis and PostgreSQL, two tenants, one misbehaving mock provider,
-//! a fleet of clients and a nemesis that kills replicas and restarts Redis
-//! and PostgreSQL, then a history checker over everything that was recorded
+//! a fleet of clients (and a hostile one: worst-case bodies and
+//! conversations past their bound, with every replica's memory watched) and
+//! a nemesis that kills replicas and restarts Redis and PostgreSQL, then a
+//! history checker over everything that was recorded
 //! (Jepsen-style: the promises are checked on the history, not on the happy
 //! path).
 //!
@@ -146,6 +148,13 @@ async fn chaos_history_keeps_every_promise() {
         stop.clone(),
         start,
     ));
+    let hostile = tokio::spawn(fleet::hostile_client(ctx.clone()));
+    let memory_stop = CancellationToken::new();
+    let memory = tokio::spawn(cluster::watch_memory(
+        cluster.directory.clone(),
+        rec.clone(),
+        memory_stop.clone(),
+    ));
     let watcher = tokio::spawn(cluster::watch_redis_errors(
         cluster.directory.clone(),
         rec.clone(),
@@ -159,6 +168,7 @@ async fn chaos_history_keeps_every_promise() {
     for t in fleet {
         let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
     }
+    let _ = tokio::time::timeout(Duration::from_secs(30), hostile).await;
     let _ = provider.await;
     let _ = watcher.await;
     cluster.mock.set_behaviour(calm());
@@ -180,6 +190,9 @@ async fn chaos_history_keeps_every_promise() {
         }
     );
     final_reads(&ctx).await;
+    // The replicas' memory is watched through the quiet phase too.
+    memory_stop.cancel();
+    let _ = memory.await;
 
     let mut history = History {
         ops: std::mem::take(&mut *rec.ops.lock().unwrap()),
@@ -187,6 +200,8 @@ async fn chaos_history_keeps_every_promise() {
         waves: std::mem::take(&mut *rec.waves.lock().unwrap()),
         calls: cluster.mock.calls(),
         replicas: REPLICAS,
+        memory: std::mem::take(&mut *rec.memory.lock().unwrap()),
+        hostile: std::mem::take(&mut *rec.hostile.lock().unwrap()),
         ..History::default()
     };
     (history.jobs, history.attempts) = snapshot(&pool).await;
@@ -457,6 +472,28 @@ fn print_figures(h: &History, start: Instant) {
     println!(
         "chaos: waves: {} with {wave_requests} requests made {wave_calls} upstream calls",
         h.waves.len()
+    );
+    let mut hostile: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &h.hostile {
+        let what = match (r.what, &r.code) {
+            ("turn", Some(code)) => format!("turn {} {} {code}", r.turn, r.status),
+            ("turn", None) => format!("turn {} {}", r.turn, r.status),
+            (what, Some(code)) => format!("{what} {} {code}", r.status),
+            (what, None) => format!("{what} {}", r.status),
+        };
+        *hostile.entry(what).or_default() += 1;
+    }
+    println!(
+        "chaos: hostile requests: {} ({})",
+        h.hostile.len(),
+        line(&hostile)
+    );
+    let peak = h.memory.iter().map(|m| m.peak).max().unwrap_or(0);
+    println!(
+        "chaos: replica processes watched: {}, highest resident memory {} MiB (bound {} MiB)",
+        h.memory.len(),
+        peak >> 20,
+        crate::helpers::MEMORY_CEILING >> 20
     );
     let mut jobs: BTreeMap<&str, usize> = BTreeMap::new();
     for j in &h.jobs {
