@@ -250,10 +250,16 @@ impl TestApp {
     }
 
     pub async fn with(spec: Spec) -> TestApp {
+        TestApp::with_config(spec, |text, _| text).await
+    }
+
+    /// A gateway of `spec` whose configuration text `edit` changes first
+    /// (it gets the mocks, e.g. to put something between idem and them).
+    pub async fn with_config(spec: Spec, edit: impl FnOnce(String, &Mocks) -> String) -> TestApp {
         let mocks = start_mocks(&spec).await;
         let dir = temp_dir();
         let db = storage_url(&spec, &dir).await;
-        let text = config_text(&spec, &mocks, &db, "127.0.0.1:0");
+        let text = edit(config_text(&spec, &mocks, &db, "127.0.0.1:0"), &mocks);
         let config = Config::from_toml_str(&text, Source::Embedded, false).unwrap();
         let app = App::build(config).await.unwrap();
         let base = format!("http://127.0.0.1:{}", app.port());
@@ -873,3 +879,142 @@ pub fn worst_body(path: &str, bytes: usize, prompt: &str) -> Vec<u8> {
     };
     text.into_bytes()
 }
+
+/// A face idem serves a conversation on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Face {
+    Chat,
+    Messages,
+    Responses,
+}
+
+/// One way through idem: a face, and the kind of provider behind it (with
+/// `responses_api`, an OpenAI provider that takes Responses requests as
+/// they are). Same dialect on both sides is native, else translated.
+#[derive(Debug, Clone, Copy)]
+pub struct Way {
+    pub face: Face,
+    pub kind: ProviderKind,
+    pub responses_api: bool,
+}
+
+impl Way {
+    pub fn path(self) -> &'static str {
+        match self.face {
+            Face::Chat => "/v1/chat/completions",
+            Face::Messages => "/v1/messages",
+            Face::Responses => "/v1/responses",
+        }
+    }
+
+    /// A request asking `prompt`, in the face's dialect.
+    pub fn body(self, prompt: &str) -> Value {
+        match self.face {
+            Face::Chat => chat_body(prompt),
+            Face::Messages => json!({"model": "bot", "max_tokens": 256,
+                "messages": [{"role": "user", "content": prompt}]}),
+            Face::Responses => json!({"model": "bot", "input": prompt}),
+        }
+    }
+
+    /// The same request, streamed.
+    pub fn streamed(self, prompt: &str) -> Value {
+        let mut body = self.body(prompt);
+        body["stream"] = json!(true);
+        body
+    }
+
+    /// The text of a plain answer (or a job's result) of this face.
+    pub fn text(self, answer: &Value) -> String {
+        match self.face {
+            Face::Chat => content_of(answer),
+            Face::Messages => answer["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|b| b["text"].as_str())
+                .collect(),
+            Face::Responses => answer["output"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|item| item["content"].as_array().into_iter().flatten())
+                .filter_map(|part| part["text"].as_str())
+                .collect(),
+        }
+    }
+
+    /// Whether a stream of this face ended as a success ends.
+    pub fn stream_succeeded(self, text: &str) -> bool {
+        match self.face {
+            Face::Chat => text.trim_end().ends_with("data: [DONE]") && !text.contains("\"error\""),
+            Face::Messages => {
+                text.contains("event: message_stop") && !text.contains("event: error")
+            }
+            Face::Responses => {
+                text.contains("event: response.completed")
+                    && !text.contains("event: error")
+                    && !text.contains("event: response.failed")
+            }
+        }
+    }
+
+    /// Starts a gateway of `spec` whose providers (primary and fallback)
+    /// are of this way's kind.
+    pub async fn start(self, spec: Spec) -> TestApp {
+        let spec = Spec {
+            primary_kind: self.kind,
+            fallback_kind: self.kind,
+            ..spec
+        };
+        let responses_api = self.responses_api;
+        TestApp::with_config(spec, move |text, _| {
+            if responses_api {
+                text.replace(
+                    "name = \"primary\"\n",
+                    "name = \"primary\"\nresponses_api = true\n",
+                )
+                .replace(
+                    "name = \"fallback\"\n",
+                    "name = \"fallback\"\nresponses_api = true\n",
+                )
+            } else {
+                text
+            }
+        })
+        .await
+    }
+}
+
+/// A test that runs once for each face and each kind of provider behind
+/// it, native and translated: `mod <name> { fn chat_openai(); ... }`, each
+/// calling the body with its [`Way`].
+#[allow(unused_macros)]
+macro_rules! each_way {
+    ($(#[$attr:meta])* async fn $name:ident($way:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            use crate::helpers::{Face, Way};
+            use idem::config::ProviderKind;
+
+            async fn run($way: Way) $body
+
+            each_way!(@one $(#[$attr])* chat_openai, Face::Chat, ProviderKind::Openai, false);
+            each_way!(@one $(#[$attr])* chat_anthropic, Face::Chat, ProviderKind::Anthropic, false);
+            each_way!(@one $(#[$attr])* messages_anthropic, Face::Messages, ProviderKind::Anthropic, false);
+            each_way!(@one $(#[$attr])* messages_openai, Face::Messages, ProviderKind::Openai, false);
+            each_way!(@one $(#[$attr])* responses_responses_api, Face::Responses, ProviderKind::Openai, true);
+            each_way!(@one $(#[$attr])* responses_openai, Face::Responses, ProviderKind::Openai, false);
+            each_way!(@one $(#[$attr])* responses_anthropic, Face::Responses, ProviderKind::Anthropic, false);
+        }
+    };
+    (@one $(#[$attr:meta])* $test:ident, $face:expr, $kind:expr, $responses_api:expr) => {
+        $(#[$attr])*
+        async fn $test() {
+            run(Way { face: $face, kind: $kind, responses_api: $responses_api }).await
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use each_way;
