@@ -1168,6 +1168,23 @@ fn responses_to_chat_cases() -> Vec<Case> {
             ],
         ),
         case(
+            "additional_tools",
+            json!({"tools": [{"type": "function", "name": "f"}], "input": [
+                {"type": "additional_tools", "role": "developer", "tools": [
+                    {"type": "namespace", "name": "fs", "tools": [{"type": "custom", "name": "write"}]}]},
+                hi()]}),
+            vec![
+                At("/tools/0/function/name", json!("f")),
+                At("/tools/1/function/name", json!("fs__write")),
+                At("/messages", json!([hi()])),
+            ],
+        ),
+        case(
+            "additional_tools-other",
+            json!({"input": [{"type": "additional_tools", "tools": [{"type": "shell"}]}, hi()]}),
+            vec![Refused("input.0.tools.0.type")],
+        ),
+        case(
             "tools-hosted",
             json!({"tools": [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["v"]},
                 {"type": "code_interpreter"}, {"type": "image_generation"}, {"type": "mcp"},

@@ -537,7 +537,7 @@ pub async fn hostile_client(ctx: Ctx) {
     while !ctx.stop.is_cancelled() {
         n += 1;
         let path = PATHS[n % PATHS.len()];
-        let (what, bytes) = if n % 2 == 0 {
+        let (what, bytes) = if n.is_multiple_of(2) {
             ("values", 8 * 1024 * 1024 - 4096)
         } else {
             ("parsed", crate::helpers::just_under_the_values_budget(path))

@@ -13,7 +13,8 @@
 //!   `max_output_tokens` (as `max_completion_tokens`); `function` tools;
 //!   `custom` tools (as a function with one string argument, `input`, and
 //!   their calls back as `custom_tool_call` items); the tools of a
-//!   `namespace` (flattened, as `<namespace>__<name>`); `tool_choice`;
+//!   `namespace` (flattened, as `<namespace>__<name>`); the tools of
+//!   `additional_tools` input items (joining the request's); `tool_choice`;
 //!   `text.format` (as `response_format`); `text.verbosity` (as
 //!   `verbosity`); `reasoning.effort` (as `reasoning_effort`); `stream`.
 //! * Left out, because a chat target has no use for them and the answer
@@ -159,12 +160,14 @@ pub fn to_chat(request: &Map<String, Value>) -> Result<Map<String, Value>, Refus
             chat.insert(to.into(), value.clone());
         }
     }
-    if let Some(tools) = present(request, "tools") {
-        let tools = chat_tools(tools)?;
-        // Chat completions rejects an empty tools list; no tools is the same thing.
-        if !tools.is_empty() {
-            chat.insert("tools".into(), Value::Array(tools));
-        }
+    let mut tools = match present(request, "tools") {
+        Some(tools) => chat_tools(tools)?,
+        None => Vec::new(),
+    };
+    tools.extend(additional_chat_tools(request)?);
+    // Chat completions rejects an empty tools list; no tools is the same thing.
+    if !tools.is_empty() {
+        chat.insert("tools".into(), Value::Array(tools));
     }
     if let Some(choice) = present(request, "tool_choice") {
         chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
@@ -196,7 +199,9 @@ pub fn tool_names(request: &Map<String, Value>) -> (Vec<String>, Vec<(String, St
     let mut custom = Vec::new();
     let mut namespaced = Vec::new();
     let tools = present(request, "tools").and_then(Value::as_array);
-    for tool in tools.into_iter().flatten() {
+    let additional = additional_tools_items(request)
+        .filter_map(|(_, item)| item.get("tools").and_then(Value::as_array));
+    for tool in tools.into_iter().chain(additional).flatten() {
         let name = tool.get("name").and_then(Value::as_str).unwrap_or("");
         match tool.get("type").and_then(Value::as_str) {
             Some("custom") => custom.push(name.to_string()),
@@ -304,6 +309,8 @@ fn add_input_item(turns: &mut Vec<Value>, at: &str, item: &Value) -> Result<(), 
         "function_call" => push_tool_call(turns, tool_call(item, at)?),
         "custom_tool_call" => push_tool_call(turns, custom_call(item, at)?),
         "function_call_output" | "custom_tool_call_output" => turns.push(tool_turn(item, at)?),
+        // Its tools join the request's (`additional_chat_tools`).
+        ADDITIONAL_TOOLS => {}
         // Reasoning and hosted tools' items replay what OpenAI's own models
         // did; a chat target has no place for them and answers the same
         // without them.
@@ -597,9 +604,41 @@ fn chat_tools(tools: &Value) -> Result<Vec<Value>, Refusal> {
     let Some(tools) = tools.as_array() else {
         return refuse("Invalid type for 'tools': expected a list.", "tools");
     };
+    chat_tools_at(tools, "tools")
+}
+
+/// The tools of the input's `additional_tools` items (tools offered in the
+/// course of a conversation, as Codex sends them), as chat tools: chat has
+/// one list of tools, so they join the request's.
+fn additional_chat_tools(request: &Map<String, Value>) -> Result<Vec<Value>, Refusal> {
+    let mut translated = Vec::new();
+    for (index, item) in additional_tools_items(request) {
+        let at = format!("input.{index}.tools");
+        let Some(tools) = item.get("tools").and_then(Value::as_array) else {
+            return refuse(format!("Invalid type for '{at}': expected a list."), at);
+        };
+        translated.extend(chat_tools_at(tools, &at)?);
+    }
+    Ok(translated)
+}
+
+/// The input's `additional_tools` items, with their indexes.
+fn additional_tools_items(request: &Map<String, Value>) -> impl Iterator<Item = (usize, &Value)> {
+    present(request, "input")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, item)| item.get("type").and_then(Value::as_str) == Some(ADDITIONAL_TOOLS))
+}
+
+/// The input item type that offers tools in the course of a conversation.
+const ADDITIONAL_TOOLS: &str = "additional_tools";
+
+fn chat_tools_at(tools: &[Value], prefix: &str) -> Result<Vec<Value>, Refusal> {
     let mut translated = Vec::with_capacity(tools.len());
     for (index, tool) in tools.iter().enumerate() {
-        let at = format!("tools.{index}");
+        let at = format!("{prefix}.{index}");
         match tool.get("type").and_then(Value::as_str) {
             Some("function" | "custom") => translated.push(chat_tool(tool, &at, None)?),
             Some("namespace") => {
