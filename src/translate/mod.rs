@@ -16,12 +16,15 @@
 //! [`messages_chat`] (a Messages request to a chat target),
 //! [`responses_chat`] (a Responses request to a chat target). A Responses
 //! request to an Anthropic target goes through chat both ways. A token
-//! count for a target whose API has none is counted here ([`local`]).
+//! count for a target whose API has none is counted here ([`local`]). A
+//! Responses answer to a conversation idem spelled out names what the
+//! client sent ([`continuation`]).
 //! What has a meaning on the other side is translated; what has none is
 //! refused with a [`Refusal`] naming the field and the target, before
 //! anything is sent. The table of every field is in docs/http-api.md.
 
 pub mod chat_messages;
+mod continuation;
 mod local;
 pub mod messages_chat;
 pub mod responses_chat;
@@ -128,11 +131,19 @@ pub fn prepare(
     let provider = &target.provider;
     if provider.speaks(from) {
         let body = native(from, request, target);
+        // A continued conversation was sent spelled out: its answer names
+        // what the client sent. Any other goes as the provider wrote it.
+        let reply = match from {
+            Dialect::Responses => {
+                continuation::Continuation::of(request).map(|c| Box::new(c) as Box<dyn Reply>)
+            }
+            _ => None,
+        };
         return Ok(Prepared::Send(Sendable {
             dialect: from,
             body,
             forwarded: forwarded.clone(),
-            reply: None,
+            reply,
         }));
     }
     let to = Dialect::native_to(provider.kind);

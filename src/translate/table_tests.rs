@@ -136,10 +136,9 @@ fn send(from: Dialect, request: &Value, target: &Target) -> Result<Sent, Refusal
     let request = object(request.clone());
     Ok(match prepare(from, &request, &forwarded, target, &fp)? {
         Prepared::Local(body) => Sent::Local(json_of(&body)),
-        Prepared::Send(s) if s.reply.is_none() => {
-            assert_eq!(s.dialect, from, "a native call keeps the dialect");
-            Sent::Native(json_of(&s.body), s.forwarded)
-        }
+        // A native call keeps the dialect (its reply is read as it comes,
+        // or, for a continued conversation, with the client's fields).
+        Prepared::Send(s) if s.dialect == from => Sent::Native(json_of(&s.body), s.forwarded),
         Prepared::Send(s) => {
             assert_eq!(
                 s.forwarded,

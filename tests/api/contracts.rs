@@ -760,7 +760,6 @@ async fn the_admin_endpoints_need_the_admin_key() {
 /// success; a failed primary fails over to the certified fallback.
 #[tokio::test]
 async fn each_face_gets_contract_checks_and_certified_failover() {
-    use crate::faces::Face;
     for face in [Face::Messages, Face::Responses] {
         // A primary whose answers break the contract; a fallback that keeps
         // it, certified.

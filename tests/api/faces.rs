@@ -1,4 +1,4 @@
-//! The faces of the chat path (docs/design.md, "Endpoints: one core,
+//! The faces (docs/design.md, "Endpoints: one core,
 //! several dialects"): Anthropic's Messages API (`POST /v1/messages`) and
 //! OpenAI's Responses API (`POST /v1/responses`) on the same core as chat
 //! completions, against both of the mock's faces (an OpenAI-compatible
@@ -17,192 +17,11 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 
-/// A face under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Face {
-    Messages,
-    Responses,
-}
-
-impl Face {
-    pub fn path(self) -> &'static str {
-        match self {
-            Face::Messages => "/v1/messages",
-            Face::Responses => "/v1/responses",
-        }
-    }
-
-    /// A request asking `content` of route `bot`.
-    pub fn body(self, content: &str) -> Value {
-        match self {
-            Face::Messages => json!({"model": "bot", "max_tokens": 256,
-                "messages": [{"role": "user", "content": content}]}),
-            Face::Responses => json!({"model": "bot", "input": content}),
-        }
-    }
-
-    pub fn streamed(self, content: &str) -> Value {
-        let mut b = self.body(content);
-        b["stream"] = json!(true);
-        b
-    }
-
-    /// The answer's text, from a plain answer of this face.
-    pub fn text(self, v: &Value) -> String {
-        match self {
-            Face::Messages => {
-                assert_eq!(v["type"], "message", "{v}");
-                assert_eq!(v["role"], "assistant", "{v}");
-                v["content"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|b| b["type"] == "text")
-                    .map(|b| b["text"].as_str().unwrap())
-                    .collect()
-            }
-            Face::Responses => {
-                assert_eq!(v["object"], "response", "{v}");
-                v["output"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|i| i["type"] == "message")
-                    .flat_map(|i| i["content"].as_array().unwrap())
-                    .filter(|p| p["type"] == "output_text")
-                    .map(|p| p["text"].as_str().unwrap())
-                    .collect()
-            }
-        }
-    }
-
-    /// The answer's text, from a stream of this face (checked whole).
-    pub fn stream_text(self, text: &str) -> String {
-        let events = events(text);
-        let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
-        match self {
-            Face::Messages => {
-                assert_eq!(kinds.first(), Some(&"message_start"), "{text}");
-                assert_eq!(kinds.last(), Some(&"message_stop"), "{text}");
-                assert!(kinds.contains(&"message_delta"), "{text}");
-                events
-                    .iter()
-                    .filter(|(k, v)| {
-                        k == "content_block_delta" && v["delta"]["type"] == "text_delta"
-                    })
-                    .map(|(_, v)| v["delta"]["text"].as_str().unwrap().to_string())
-                    .collect()
-            }
-            Face::Responses => {
-                assert_eq!(kinds.first(), Some(&"response.created"), "{text}");
-                assert_eq!(kinds.last(), Some(&"response.completed"), "{text}");
-                for (i, (k, v)) in events.iter().enumerate() {
-                    assert_eq!(v["type"], k.as_str(), "{text}");
-                    assert_eq!(v["sequence_number"], i, "{text}");
-                }
-                let streamed: String = events
-                    .iter()
-                    .filter(|(k, _)| k == "response.output_text.delta")
-                    .map(|(_, v)| v["delta"].as_str().unwrap().to_string())
-                    .collect();
-                let (_, done) = events.last().unwrap();
-                assert_eq!(self.text(&done["response"]), streamed, "{text}");
-                streamed
-            }
-        }
-    }
-
-    /// An error body of this face: its kind (Anthropic's `error.type`,
-    /// OpenAI's `error.code`).
-    pub fn error_kind(self, v: &Value) -> String {
-        match self {
-            Face::Messages => {
-                assert_eq!(v["type"], "error", "{v}");
-                assert!(v["error"]["message"].is_string(), "{v}");
-                v["error"]["type"].as_str().unwrap().to_string()
-            }
-            Face::Responses => {
-                assert!(v["error"]["message"].is_string(), "{v}");
-                v["error"]["code"].as_str().unwrap_or_default().to_string()
-            }
-        }
-    }
-}
-
-/// The events of an SSE body with `event:` lines: (type, data).
-pub fn events(text: &str) -> Vec<(String, Value)> {
-    text.split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|e| {
-            let mut kind = String::new();
-            let mut data = String::new();
-            for line in e.lines() {
-                if let Some(k) = line.strip_prefix("event: ") {
-                    kind = k.to_string();
-                } else if let Some(d) = line.strip_prefix("data: ") {
-                    data.push_str(d);
-                }
-            }
-            let v: Value = serde_json::from_str(&data)
-                .unwrap_or_else(|e| panic!("not JSON ({e}): {data}\nin {text}"));
-            (kind, v)
-        })
-        .collect()
-}
-
-impl TestApp {
-    /// A request at `face` as tenant `key`, with extra headers.
-    pub async fn ask(
-        &self,
-        face: Face,
-        key: &str,
-        body: &Value,
-        headers: &[(&str, &str)],
-    ) -> reqwest::Response {
-        self.post_json(key, face.path(), body, headers).await
-    }
-}
-
-/// Runs a test once per face and provider kind.
-macro_rules! each_face {
-    ($(#[$attr:meta])* async fn $name:ident($face:ident, $kind:ident) $body:block) => {
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            async fn run($face: Face, $kind: ProviderKind) $body
-
-            $(#[$attr])*
-            async fn messages_to_openai() {
-                run(Face::Messages, ProviderKind::Openai).await
-            }
-
-            $(#[$attr])*
-            async fn messages_to_anthropic() {
-                run(Face::Messages, ProviderKind::Anthropic).await
-            }
-
-            $(#[$attr])*
-            async fn responses_to_openai() {
-                run(Face::Responses, ProviderKind::Openai).await
-            }
-
-            $(#[$attr])*
-            async fn responses_to_anthropic() {
-                run(Face::Responses, ProviderKind::Anthropic).await
-            }
-        }
-    };
-}
-
-each_face! {
+each_way! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_wave_of_500_makes_one_call_and_another_tenant_its_own(face, kind) {
-        let app = TestApp::with(Spec {
-            primary_kind: kind,
-            ..holding()
-        })
-        .await;
+    async fn a_wave_of_500_makes_one_call_and_another_tenant_its_own(way) {
+        let face = way.face;
+        let app = way.start(holding()).await;
         let body = face.body("Where is my order?");
         let tasks = wave_at(&app, face.path(), ACME, &body, 500).await;
         held(&app.mock, 1).await;
@@ -238,14 +57,11 @@ each_face! {
     }
 }
 
-each_face! {
+each_way! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn streamed_and_plain_followers_of_a_streaming_leader_get_their_own_shape(face, kind) {
-        let app = TestApp::with(Spec {
-            primary_kind: kind,
-            ..holding()
-        })
-        .await;
+    async fn streamed_and_plain_followers_of_a_streaming_leader_get_their_own_shape(way) {
+        let face = way.face;
+        let app = way.start(holding()).await;
         let leader = {
             let (client, url, body) = (app.client.clone(), app.url(face.path()), face.streamed("Summarise this"));
             tokio::spawn(async move {
@@ -274,17 +90,17 @@ each_face! {
     }
 }
 
-each_face! {
+each_way! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_failing_provider_is_shared_with_followers_and_not_re_attacked(face, kind) {
-        let app = TestApp::with(Spec {
+    async fn a_failing_provider_is_shared_with_followers_and_not_re_attacked(way) {
+        let face = way.face;
+        let app = way.start(Spec {
             primary: Behaviour {
                 hold: true,
                 fail_status: Some(500),
                 ..Behaviour::default()
             },
             cache: "server_error_ttl = \"30s\"\n".into(),
-            primary_kind: kind,
             ..Spec::default()
         })
         .await;
@@ -312,14 +128,11 @@ each_face! {
     }
 }
 
-each_face! {
+each_way! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn an_idempotency_key_double_click_is_one_job_and_another_payload_409(face, kind) {
-        let app = TestApp::with(Spec {
-            primary_kind: kind,
-            ..holding()
-        })
-        .await;
+    async fn an_idempotency_key_double_click_is_one_job_and_another_payload_409(way) {
+        let face = way.face;
+        let app = way.start(holding()).await;
         let body = face.body("Refund order 45");
         let key = [("idempotency-key", "refund-45")];
         let clicks: Vec<_> = (0..2)
@@ -363,18 +176,23 @@ each_face! {
         if face == Face::Responses {
             assert_eq!(kind, "idempotency_key_reused");
         }
-        // The same key and question through chat completions is another
+        // The same key and question through another face is another
         // payload too: the face is part of the intent.
-        let r = app.chat_with(ACME, &chat_body("Refund order 45"), &key).await;
+        let (other, body) = match face {
+            Face::Chat => (Face::Responses, Face::Responses.body("Refund order 45")),
+            _ => (Face::Chat, chat_body("Refund order 45")),
+        };
+        let r = app.ask(other, ACME, &body, &key).await;
         assert_error(r, 409, "idempotency_key_reused").await;
         assert_eq!(app.calls(), 1);
     }
 }
 
-each_face! {
+each_way! {
     #[tokio::test]
-    async fn a_timeout_is_unknown_and_the_key_makes_no_new_attempt(face, kind) {
-        let app = TestApp::with(Spec {
+    async fn a_timeout_is_unknown_and_the_key_makes_no_new_attempt(way) {
+        let face = way.face;
+        let app = way.start(Spec {
             primary: Behaviour {
                 hang: true,
                 ..Behaviour::default()
@@ -382,7 +200,6 @@ each_face! {
             provider_timeout: "3s".into(),
             attempts: "timeout = \"300ms\"\nmax = 3\n".into(),
             server: "request_timeout = \"1s\"\n".into(),
-            primary_kind: kind,
             ..Spec::default()
         })
         .await;
@@ -743,6 +560,13 @@ async fn a_responses_api_provider_gets_responses_requests_as_sent() {
         Face::Responses.stream_text(&text),
         "mock answer #2 to: What is my name?"
     );
+    // The answer names what the client sent, not what idem sent on.
+    let (_, done) = events(&text).pop().unwrap();
+    assert_eq!(
+        done["response"]["previous_response_id"], first["id"],
+        "{text}"
+    );
+    assert_eq!(done["response"]["store"], true, "{text}");
     let sent = last();
     assert_eq!(sent.endpoint, Endpoint::Responses);
     assert_eq!(sent.body["stream"], true);

@@ -6,7 +6,6 @@
 use idem::config::ProviderKind;
 use serde_json::{Value, json};
 
-use crate::faces::Face;
 use crate::helpers::*;
 
 fn fingerprint(r: &reqwest::Response) -> String {

@@ -888,65 +888,105 @@ pub enum Face {
     Responses,
 }
 
-/// One way through idem: a face, and the kind of provider behind it (with
-/// `responses_api`, an OpenAI provider that takes Responses requests as
-/// they are). Same dialect on both sides is native, else translated.
-#[derive(Debug, Clone, Copy)]
-pub struct Way {
-    pub face: Face,
-    pub kind: ProviderKind,
-    pub responses_api: bool,
-}
-
-impl Way {
+impl Face {
     pub fn path(self) -> &'static str {
-        match self.face {
+        match self {
             Face::Chat => "/v1/chat/completions",
             Face::Messages => "/v1/messages",
             Face::Responses => "/v1/responses",
         }
     }
 
-    /// A request asking `prompt`, in the face's dialect.
-    pub fn body(self, prompt: &str) -> Value {
-        match self.face {
-            Face::Chat => chat_body(prompt),
+    /// A request asking `content` of route `bot`, in the face's dialect.
+    pub fn body(self, content: &str) -> Value {
+        match self {
+            Face::Chat => chat_body(content),
             Face::Messages => json!({"model": "bot", "max_tokens": 256,
-                "messages": [{"role": "user", "content": prompt}]}),
-            Face::Responses => json!({"model": "bot", "input": prompt}),
+                "messages": [{"role": "user", "content": content}]}),
+            Face::Responses => json!({"model": "bot", "input": content}),
         }
     }
 
     /// The same request, streamed.
-    pub fn streamed(self, prompt: &str) -> Value {
-        let mut body = self.body(prompt);
-        body["stream"] = json!(true);
-        body
+    pub fn streamed(self, content: &str) -> Value {
+        let mut b = self.body(content);
+        b["stream"] = json!(true);
+        b
     }
 
-    /// The text of a plain answer (or a job's result) of this face.
-    pub fn text(self, answer: &Value) -> String {
-        match self.face {
-            Face::Chat => content_of(answer),
-            Face::Messages => answer["content"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|b| b["text"].as_str())
-                .collect(),
-            Face::Responses => answer["output"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|item| item["content"].as_array().into_iter().flatten())
-                .filter_map(|part| part["text"].as_str())
-                .collect(),
+    /// The answer's text, from a plain answer (or a job's result) of this
+    /// face.
+    pub fn text(self, v: &Value) -> String {
+        match self {
+            Face::Chat => content_of(v),
+            Face::Messages => {
+                assert_eq!(v["type"], "message", "{v}");
+                assert_eq!(v["role"], "assistant", "{v}");
+                v["content"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|b| b["type"] == "text")
+                    .map(|b| b["text"].as_str().unwrap())
+                    .collect()
+            }
+            Face::Responses => {
+                assert_eq!(v["object"], "response", "{v}");
+                v["output"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|i| i["type"] == "message")
+                    .flat_map(|i| i["content"].as_array().unwrap())
+                    .filter(|p| p["type"] == "output_text")
+                    .map(|p| p["text"].as_str().unwrap())
+                    .collect()
+            }
+        }
+    }
+
+    /// The answer's text, from a stream of this face (checked whole).
+    pub fn stream_text(self, text: &str) -> String {
+        if self == Face::Chat {
+            return sse_content(text);
+        }
+        let events = events(text);
+        let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+        match self {
+            Face::Messages => {
+                assert_eq!(kinds.first(), Some(&"message_start"), "{text}");
+                assert_eq!(kinds.last(), Some(&"message_stop"), "{text}");
+                assert!(kinds.contains(&"message_delta"), "{text}");
+                events
+                    .iter()
+                    .filter(|(k, v)| {
+                        k == "content_block_delta" && v["delta"]["type"] == "text_delta"
+                    })
+                    .map(|(_, v)| v["delta"]["text"].as_str().unwrap().to_string())
+                    .collect()
+            }
+            _ => {
+                assert_eq!(kinds.first(), Some(&"response.created"), "{text}");
+                assert_eq!(kinds.last(), Some(&"response.completed"), "{text}");
+                for (i, (k, v)) in events.iter().enumerate() {
+                    assert_eq!(v["type"], k.as_str(), "{text}");
+                    assert_eq!(v["sequence_number"], i, "{text}");
+                }
+                let streamed: String = events
+                    .iter()
+                    .filter(|(k, _)| k == "response.output_text.delta")
+                    .map(|(_, v)| v["delta"].as_str().unwrap().to_string())
+                    .collect();
+                let (_, done) = events.last().unwrap();
+                assert_eq!(self.text(&done["response"]), streamed, "{text}");
+                streamed
+            }
         }
     }
 
     /// Whether a stream of this face ended as a success ends.
     pub fn stream_succeeded(self, text: &str) -> bool {
-        match self.face {
+        match self {
             Face::Chat => text.trim_end().ends_with("data: [DONE]") && !text.contains("\"error\""),
             Face::Messages => {
                 text.contains("event: message_stop") && !text.contains("event: error")
@@ -959,6 +999,68 @@ impl Way {
         }
     }
 
+    /// An error body of this face: its kind (Anthropic's `error.type`,
+    /// OpenAI's `error.code`).
+    pub fn error_kind(self, v: &Value) -> String {
+        match self {
+            Face::Messages => {
+                assert_eq!(v["type"], "error", "{v}");
+                assert!(v["error"]["message"].is_string(), "{v}");
+                v["error"]["type"].as_str().unwrap().to_string()
+            }
+            _ => {
+                assert!(v["error"]["message"].is_string(), "{v}");
+                v["error"]["code"].as_str().unwrap_or_default().to_string()
+            }
+        }
+    }
+}
+
+/// The events of an SSE body with `event:` lines: (type, data).
+pub fn events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let mut kind = String::new();
+            let mut data = String::new();
+            for line in e.lines() {
+                if let Some(k) = line.strip_prefix("event: ") {
+                    kind = k.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data.push_str(d);
+                }
+            }
+            let v: Value = serde_json::from_str(&data)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {data}\nin {text}"));
+            (kind, v)
+        })
+        .collect()
+}
+
+impl TestApp {
+    /// A request at `face` as tenant `key`, with extra headers.
+    pub async fn ask(
+        &self,
+        face: Face,
+        key: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
+        self.post_json(key, face.path(), body, headers).await
+    }
+}
+
+/// One way through idem: a face, and the kind of provider behind it (with
+/// `responses_api`, an OpenAI provider that takes Responses requests as
+/// they are). Same dialect on both sides is native, else translated.
+#[derive(Debug, Clone, Copy)]
+pub struct Way {
+    pub face: Face,
+    pub kind: ProviderKind,
+    pub responses_api: bool,
+}
+
+impl Way {
     /// Starts a gateway of `spec` whose providers (primary and fallback)
     /// are of this way's kind.
     pub async fn start(self, spec: Spec) -> TestApp {

@@ -5,7 +5,6 @@
 
 use serde_json::{Value, json};
 
-use crate::faces::Face;
 use crate::helpers::*;
 
 const PATTERN_ROUTES: &str = r#"
