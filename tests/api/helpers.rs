@@ -1069,28 +1069,29 @@ impl Way {
             fallback_kind: self.kind,
             ..spec
         };
-        let responses_api = self.responses_api;
-        TestApp::with_config(spec, move |text, _| {
-            if responses_api {
-                text.replace(
-                    "name = \"primary\"\n",
-                    "name = \"primary\"\nresponses_api = true\n",
-                )
-                .replace(
-                    "name = \"fallback\"\n",
-                    "name = \"fallback\"\nresponses_api = true\n",
-                )
-            } else {
-                text
+        // What this way's providers need beside their kind: the Responses
+        // API, or Azure's key and API version.
+        let keys = match (self.kind, self.responses_api) {
+            (_, true) => "responses_api = true\n",
+            (ProviderKind::Azure, _) => {
+                "api_key_env = \"CARGO_PKG_NAME\"\napi_version = \"2024-06-01\"\n"
             }
+            _ => "",
+        };
+        TestApp::with_config(spec, move |text, _| {
+            ["primary", "fallback"].iter().fold(text, |text, name| {
+                let table = format!("name = \"{name}\"\n");
+                text.replace(&table, &format!("{table}{keys}"))
+            })
         })
         .await
     }
 }
 
 /// A test that runs once for each face and each kind of provider behind
-/// it, native and translated: `mod <name> { fn chat_openai(); ... }`, each
-/// calling the body with its [`Way`].
+/// it (OpenAI-compatible, with and without `responses_api`, Anthropic,
+/// Azure), native and translated: `mod <name> { fn chat_openai(); ... }`,
+/// each calling the body with its [`Way`].
 #[allow(unused_macros)]
 macro_rules! each_way {
     ($(#[$attr:meta])* async fn $name:ident($way:ident) $body:block) => {
@@ -1109,6 +1110,9 @@ macro_rules! each_way {
             each_way!(@one $(#[$attr])* responses_responses_api, Face::Responses, ProviderKind::Openai, true);
             each_way!(@one $(#[$attr])* responses_openai, Face::Responses, ProviderKind::Openai, false);
             each_way!(@one $(#[$attr])* responses_anthropic, Face::Responses, ProviderKind::Anthropic, false);
+            each_way!(@one $(#[$attr])* chat_azure, Face::Chat, ProviderKind::Azure, false);
+            each_way!(@one $(#[$attr])* messages_azure, Face::Messages, ProviderKind::Azure, false);
+            each_way!(@one $(#[$attr])* responses_azure, Face::Responses, ProviderKind::Azure, false);
         }
     };
     (@one $(#[$attr:meta])* $test:ident, $face:expr, $kind:expr, $responses_api:expr) => {
