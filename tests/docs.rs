@@ -350,7 +350,7 @@ fn code_spans(cell: &str) -> Vec<&str> {
 }
 
 /// The source file a module path names (`translate::table_tests`:
-/// src/translate/table_tests.rs; an integration test's first segment:
+/// src/translate/table_tests/mod.rs; an integration test's first segment:
 /// tests/NAME.rs), and the segments that are modules inside it.
 fn module_file(root: &Path, modules: &[&str]) -> Option<(PathBuf, usize)> {
     for i in (1..=modules.len()).rev() {
@@ -478,9 +478,9 @@ fn every_test_the_field_table_cites_exists() {
 fn a_vanished_test_or_case_in_the_field_table_is_an_error() {
     let md = format!(
         "{FIELD_TABLE}\n\n| field | gets | test |\n|---|---|---|\n\
-         | a | x | `translate::table_tests::chat_to_anthropic#model`, `#system` |\n\
+         | a | x | `translate::table_tests::chat_messages::chat_to_anthropic#model`, `#system` |\n\
          | b | x | `translate::table_tests::no_such_test` |\n\
-         | c | x | `translate::table_tests::chat_to_anthropic#no-such-case` |\n\
+         | c | x | `translate::table_tests::chat_messages::chat_to_anthropic#no-such-case` |\n\
          | d | x | none |\n\
          | e | x | `#model` |\n\
          | f | x | `translate::nowhere::tests::t` |\n\n\

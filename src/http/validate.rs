@@ -243,20 +243,7 @@ fn of_type(
 /// Checks a chat completion body. Unknown fields pass through untouched
 /// (providers add parameters faster than gateways learn them).
 pub fn chat_request(body: Map<String, Value>, limits: &Limits) -> Result<ChatRequest, ApiError> {
-    let model = match body.get("model") {
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => s.clone(),
-        Some(Value::String(_)) => {
-            return Err(invalid("model", "`model` must be 1..256 characters".into()));
-        }
-        Some(_) => return Err(wrong_type("model", "a string")),
-        None => {
-            return Err(ApiError::bad_request(
-                "`model` is required",
-                "missing_required_parameter",
-                Some("model"),
-            ));
-        }
-    };
+    let model = model_of(&body)?;
     let messages = match body.get("messages") {
         Some(Value::Array(m)) => m,
         Some(_) => return Err(wrong_type("messages", "an array")),
