@@ -36,6 +36,11 @@ use crate::fingerprint::{Fingerprint, TableHasher};
 #[derive(Clone)]
 struct Entry {
     answer: Arc<Answer>,
+    /// The answer's bytes when it came in. Its weight must not change
+    /// while it is held (the cache subtracts on removal what it added on
+    /// insertion), and an answer's renderings are made, and counted by
+    /// `size_bytes`, as askers want them, after it is cached.
+    bytes: u64,
     stored: Instant,
     fresh_for: Duration,
     /// Total life in the cache (fresh plus stale grace).
@@ -43,6 +48,16 @@ struct Entry {
 }
 
 impl Entry {
+    fn new(answer: Arc<Answer>, fresh_for: Duration, life: Duration) -> Entry {
+        Entry {
+            bytes: u64::try_from(answer.size_bytes()).unwrap_or(u64::MAX),
+            answer,
+            stored: Instant::now(),
+            fresh_for,
+            life,
+        }
+    }
+
     /// Past its life at `now`: never served, swept out.
     fn dead(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.stored) >= self.life
@@ -90,8 +105,7 @@ struct Weight {
 
 impl<K> Weighter<K, Entry> for Weight {
     fn weight(&self, _key: &K, entry: &Entry) -> u64 {
-        let bytes = u64::try_from(entry.answer.size_bytes()).unwrap_or(u64::MAX);
-        bytes.saturating_add(ENTRY_OVERHEAD).max(self.floor)
+        entry.bytes.saturating_add(ENTRY_OVERHEAD).max(self.floor)
     }
 }
 
@@ -211,12 +225,7 @@ impl ResultCache {
         } else {
             Duration::ZERO
         };
-        let entry = Entry {
-            answer,
-            stored: Instant::now(),
-            fresh_for: ttl,
-            life: ttl + grace,
-        };
+        let entry = Entry::new(answer, ttl, ttl + grace);
         self.answers.shard(&fp).insert(fp, entry);
     }
 
@@ -257,12 +266,7 @@ impl ResultCache {
     }
 
     pub fn put_negative(&self, fp: Fingerprint, target: usize, answer: Arc<Answer>, ttl: Duration) {
-        let entry = Entry {
-            answer,
-            stored: Instant::now(),
-            fresh_for: ttl,
-            life: ttl,
-        };
+        let entry = Entry::new(answer, ttl, ttl);
         self.negative.shard(&fp).insert((fp, target), entry);
     }
 }
@@ -513,6 +517,32 @@ mod tests {
         }
         let held = cache.entry_count();
         assert!((50..=100 + SHARDS as u64).contains(&held), "{held} held");
+    }
+
+    /// An answer rendered after it is cached (a streamed asker of a plain
+    /// answer) grows, but its entry keeps the weight it came in with: its
+    /// removal subtracts what its insertion added (before, the cache's
+    /// upkeep panicked on the subtraction, found by the chaos test).
+    #[test]
+    fn an_answer_rendered_after_it_is_cached_keeps_its_weight() {
+        // Room for many entries: no weight floor hides the growth.
+        let cache = ResultCache::new(100_000, 1 << 20).unwrap();
+        let mut a =
+            Answer::from_failure(crate::answer::Failure::Timeout, "", "p".into(), "m".into());
+        a.failure = None;
+        a.status = reqwest::StatusCode::OK;
+        a.body = bytes::Bytes::from_static(
+            br#"{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#,
+        );
+        let answer = Arc::new(a);
+        cache.put(fp_of(0), answer.clone(), Duration::from_secs(60), &route());
+        let held = cache.answer_bytes();
+        let before = answer.size_bytes();
+        let _ = answer.stream_body(false);
+        assert!(answer.size_bytes() > before, "no rendering was kept");
+        assert_eq!(cache.answer_bytes(), held);
+        cache.remove(&fp_of(0));
+        assert_eq!(cache.answer_bytes(), 0);
     }
 
     #[test]

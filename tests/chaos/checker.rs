@@ -104,7 +104,9 @@ fn memory_bounded(h: &History, out: &mut Vec<Violation>) {
 /// `responses.max_conversation_bytes` is never continued.
 fn hostile_input_bounded(h: &History, out: &mut Vec<Violation>) {
     for r in &h.hostile {
-        let problem = if r.status == 500 {
+        // A provider's 500 passes through (the nemesis sends them); idem's
+        // own internal error is `internal_error`.
+        let problem = if r.code.as_deref() == Some("internal_error") {
             Some("an internal error")
         } else if r.what == "values" && r.status == 200 {
             Some("a 200 for a body past the JSON values budget")
@@ -1099,9 +1101,11 @@ mod tests {
             h.hostile.push(bad.clone());
             assert_eq!(rules(&h), vec!["hostile_input_bounded"], "{bad:?}");
         }
-        // The first turns of a conversation are no violation.
+        // The first turns of a conversation, and a provider's 500 passed
+        // through, are no violation.
         let mut h = clean();
         h.hostile.push(hostile("turn", 2, 200, ""));
+        h.hostile.push(hostile("turn", 3, 500, ""));
         assert_eq!(rules(&h), Vec::<&str>::new());
     }
 
