@@ -429,9 +429,13 @@ async fn ask(proc: &Proc, prompt: &str) -> reqwest::Response {
 async fn stopped(mut proc: Proc) -> Vec<String> {
     proc.signal("TERM");
     let _ = tokio::time::timeout(Duration::from_secs(10), proc.child.wait()).await;
-    // What the reader task still holds.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    proc.drain()
+    // Every line up to the end of its output: the readers end with it.
+    let mut lines = Vec::new();
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(5), proc.lines.recv()).await
+    {
+        lines.push(line);
+    }
+    lines
 }
 
 /// A provider that refuses idem's own key (its 401, then its 403) reaches
