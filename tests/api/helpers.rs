@@ -820,6 +820,10 @@ pub fn try_memory_of(pid: u32) -> Option<(u64, u64)> {
 /// bodies (SECURITY.md, "Bounds").
 pub const MEMORY_CEILING: u64 = 512 * 1024 * 1024;
 
+/// How far above its idle memory a gateway that has answered hostile
+/// bodies may stay once they are gone (SECURITY.md, "Bounds").
+pub const NEAR_IDLE_SLACK: u64 = 64 * 1024 * 1024;
+
 /// `count` copies of `item` (JSON text), comma-separated.
 fn repeated(item: &str, count: usize) -> String {
     let mut s = String::with_capacity((item.len() + 1) * count);
