@@ -96,6 +96,14 @@ impl App {
             max_json_values: config.server.max_json_values,
         };
         let jobs = Arc::new(Jobs::new(store.clone()));
+        let keys = Arc::new(crate::keys::KeyTable::new());
+        keys.refresh(&*store, true)
+            .await
+            .context("cannot read the API keys from the store")?;
+        let ledger = crate::budgets::Ledger::new(store.clone(), config.budgets.lease);
+        crate::budgets::set_tenant_budgets(&*store, &config)
+            .await
+            .context("cannot write the tenants' budgets to the store")?;
         let reqlog = RequestLog::from_config(&config.log)?;
         if let Some(dropped) = reqlog.dropped_lines() {
             metrics.watch_log_drops("file", dropped);
@@ -124,6 +132,8 @@ impl App {
             intake: crate::http::intake::Intake::new(config.server.max_inflight_body_bytes),
             timeline: crate::timeline::Timeline::new(),
             kept: crate::conversations::Kept::new(),
+            keys,
+            ledger,
         }));
         Ok(App {
             listener,
@@ -181,6 +191,16 @@ impl App {
         tracker.spawn(crate::timeline::run(stop.clone(), move || {
             crate::timeline::sample(&app.metrics, &app.timeline, &app.live.load().routes);
         }));
+        // The store's keys, read again when they change; the budgets'
+        // grants, renewed.
+        tracker.spawn(crate::keys::run(
+            state.keys.clone(),
+            state.store.clone(),
+            state.metrics.clone(),
+            started.budgets.keys_refresh,
+            stop.clone(),
+        ));
+        tracker.spawn(crate::budgets::run(state.ledger.clone(), stop.clone()));
         let (app, stop_refresh) = (state.clone(), stop.clone());
         let started_refresh = started.contracts.refresh_interval;
         tracker.spawn(async move {

@@ -601,3 +601,203 @@ mod tests {
         );
     }
 }
+
+/// `idem keys`: the store's API keys, managed without a server (the
+/// gateways in service see a change within `budgets.keys_refresh`).
+#[derive(Debug, clap::Args)]
+pub struct KeysArgs {
+    #[command(subcommand)]
+    pub action: KeysAction,
+    #[arg(long, env = "IDEM_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+}
+
+/// A key's fields, as flags (each maps to the admin API's JSON field of
+/// the same name, docs/http-api.md, "Keys").
+#[derive(Debug, Default, clap::Args)]
+pub struct KeyFlags {
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Dollars per period (none: no budget).
+    #[arg(long)]
+    pub budget_usd: Option<f64>,
+    /// 1d, 7d or 30d (none: the budget never starts again).
+    #[arg(long)]
+    pub budget_period: Option<String>,
+    /// Requests per minute.
+    #[arg(long)]
+    pub rpm: Option<i64>,
+    /// Tokens per minute.
+    #[arg(long)]
+    pub tpm: Option<i64>,
+    /// The models (routes) the key may use, comma-separated (none: all).
+    #[arg(long, value_delimiter = ',')]
+    pub models: Option<Vec<String>>,
+    /// A duration from now (30d, 12h).
+    #[arg(long)]
+    pub expires_in: Option<String>,
+    /// An RFC 3339 time.
+    #[arg(long)]
+    pub expires_at: Option<String>,
+    /// A JSON object.
+    #[arg(long)]
+    pub metadata: Option<String>,
+    /// Fields to clear (budget_usd, budget_period, rpm, tpm, models,
+    /// expires_at, metadata), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub clear: Vec<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum KeysAction {
+    /// Make a key for a tenant; its secret is printed this once.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[command(flatten)]
+        fields: KeyFlags,
+    },
+    /// Every key (revoked ones too), or one tenant's.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// One key, with its budget and spend.
+    Show { id: String },
+    /// Change a key's limits, budget, allowlist, expiry or metadata.
+    Update {
+        id: String,
+        #[command(flatten)]
+        fields: KeyFlags,
+    },
+    /// Revoke a key: no gateway admits it any more.
+    Revoke { id: String },
+    /// A new secret for a key (printed this once); its spend and history
+    /// stay.
+    Rotate { id: String },
+    /// Who changed a key, when, and what.
+    Audit { id: String },
+}
+
+impl KeyFlags {
+    /// The admin API's JSON object these flags say.
+    fn spec(&self) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+        use serde_json::{Value, json};
+        let mut m = serde_json::Map::new();
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                m.insert(k.to_string(), v);
+            }
+        };
+        put("name", self.name.as_ref().map(|v| json!(v)));
+        put("budget_usd", self.budget_usd.map(|v| json!(v)));
+        put(
+            "budget_period",
+            self.budget_period.as_ref().map(|v| json!(v)),
+        );
+        put("rpm", self.rpm.map(|v| json!(v)));
+        put("tpm", self.tpm.map(|v| json!(v)));
+        put("models", self.models.as_ref().map(|v| json!(v)));
+        put("expires_in", self.expires_in.as_ref().map(|v| json!(v)));
+        put("expires_at", self.expires_at.as_ref().map(|v| json!(v)));
+        if let Some(text) = &self.metadata {
+            let v: Value = serde_json::from_str(text).context("--metadata: expected JSON")?;
+            m.insert("metadata".into(), v);
+        }
+        for field in &self.clear {
+            if m.contains_key(field.as_str()) {
+                anyhow::bail!("--clear {field}: the field is also set");
+            }
+            m.insert(field.clone(), Value::Null);
+        }
+        Ok(m)
+    }
+}
+
+/// `idem keys ...`.
+pub async fn keys(args: KeysArgs) -> anyhow::Result<()> {
+    use crate::keys::manage;
+    let config = Config::load(config_file(args.config).as_deref())?;
+    let store = crate::store::connect(&config.storage.url, config.storage.max_connections)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot open storage {}",
+                crate::app::redact(&config.storage.url)
+            )
+        })?;
+    let actor = format!(
+        "cli ({})",
+        std::env::var("USER").unwrap_or_else(|_| "unknown user".into())
+    );
+    let now = crate::store::now_ms();
+    let view = |k: &crate::store::KeyRecord| {
+        let store = store.clone();
+        let k = k.clone();
+        async move {
+            let budget = store.budget(&format!("key:{}", k.id), now).await?;
+            anyhow::Ok(manage::view(&k, budget.as_ref(), now))
+        }
+    };
+    let shown_once = "the key's secret is printed this once: keep it now";
+    let out = match args.action {
+        KeysAction::Create { tenant, fields } => {
+            let mut spec = fields.spec()?;
+            spec.insert("tenant".into(), serde_json::json!(tenant));
+            let (key, secret) = manage::create(&*store, &spec, &actor).await?;
+            let mut v = view(&key).await?;
+            v["key"] = serde_json::json!(secret);
+            eprintln!("{shown_once}");
+            v
+        }
+        KeysAction::List { tenant } => {
+            let keys = store.keys(tenant.as_deref()).await?;
+            let budgets = store.budgets(now).await?;
+            let data: Vec<serde_json::Value> = keys
+                .iter()
+                .map(|k| {
+                    let scope = format!("key:{}", k.id);
+                    manage::view(k, budgets.iter().find(|b| b.scope == scope), now)
+                })
+                .collect();
+            serde_json::json!({"object": "list", "data": data})
+        }
+        KeysAction::Show { id } => {
+            let key = store
+                .key(&id)
+                .await?
+                .with_context(|| format!("no key {id}"))?;
+            view(&key).await?
+        }
+        KeysAction::Update { id, fields } => {
+            let key = manage::update(&*store, &id, &fields.spec()?, &actor).await?;
+            view(&key).await?
+        }
+        KeysAction::Revoke { id } => view(&manage::revoke(&*store, &id, &actor).await?).await?,
+        KeysAction::Rotate { id } => {
+            let (key, secret) = manage::rotate(&*store, &id, &actor).await?;
+            let mut v = view(&key).await?;
+            v["key"] = serde_json::json!(secret);
+            eprintln!("{shown_once}");
+            v
+        }
+        KeysAction::Audit { id } => {
+            let entries = store.audit_log(Some(&id), 1000).await?;
+            let data: Vec<serde_json::Value> = entries
+                .iter()
+                .map(|e| {
+                    serde_json::json!({
+                        "at": crate::store::rfc3339(e.at),
+                        "actor": e.actor,
+                        "action": e.action,
+                        "change": serde_json::from_str::<serde_json::Value>(&e.detail)
+                            .unwrap_or(serde_json::Value::Null),
+                    })
+                })
+                .collect();
+            serde_json::json!({"object": "list", "data": data})
+        }
+    };
+    print(&format!("{}\n", serde_json::to_string_pretty(&out)?))?;
+    Ok(())
+}

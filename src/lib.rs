@@ -25,6 +25,9 @@
 //! - [`cache`]: the result and negative caches;
 //! - [`flight`]: one upstream call per fingerprint in flight (leader and
 //!   followers; one call for several flights when an endpoint batches);
+//! - [`keys`]: the API keys kept in the store, with their limits;
+//!   [`budgets`]: what a key and its tenant may still spend, reserved
+//!   before a call and settled after it;
 //! - [`jobs`]: idempotency keys, the job and attempt state machine, the
 //!   executor and the reconciler, over the [`store`] (SQLite or
 //!   PostgreSQL); [`lease`]: how every holder renews what it holds;
@@ -51,6 +54,7 @@
 pub mod analyze;
 pub mod answer;
 pub mod app;
+pub mod budgets;
 pub mod cache;
 pub mod certification;
 pub mod cli;
@@ -64,6 +68,7 @@ pub mod fingerprint;
 pub mod flight;
 pub mod http;
 pub mod jobs;
+pub mod keys;
 pub mod lease;
 pub mod live;
 pub mod metrics;
@@ -96,6 +101,7 @@ mod layout {
     const CORE: &[&str] = &[
         "analyze",
         "answer",
+        "budgets",
         "cache",
         "certification",
         "config",
@@ -106,6 +112,7 @@ mod layout {
         "fingerprint",
         "flight",
         "jobs",
+        "keys",
         "lease",
         "live",
         "metrics",

@@ -268,6 +268,9 @@ impl LiveConfig {
                 crate::tenants::ANONYMOUS_TENANT
             );
         }
+        if let Err(e) = crate::budgets::set_tenant_budgets(store, &live.config).await {
+            tracing::warn!(error = %e, "cannot write the tenants' budgets to the store; the budgets written before stay in force");
+        }
         if let Err(e) = crate::certification::registry::refresh(store, &live.routes).await {
             tracing::warn!(error = %e, "cannot read certifications for the reloaded routes; no fallback counts as certified until the next refresh");
         }

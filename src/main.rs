@@ -76,6 +76,9 @@ enum Command {
         #[arg(long, env = "IDEM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Manage the API keys kept in the store (virtual keys): create, list,
+    /// show, update, revoke, rotate, audit.
+    Keys(idem::cli::KeysArgs),
     /// List every route's targets with their certification state.
     Routes {
         #[arg(long, env = "IDEM_CONFIG")]
@@ -117,6 +120,7 @@ fn main() -> ExitCode {
                 let config = config_file(config);
                 idem::cli::certify(config.as_deref(), &route, target.as_deref()).await
             }
+            Command::Keys(args) => idem::cli::keys(args).await,
             Command::Routes { config } => idem::cli::routes(config_file(config).as_deref()).await,
             Command::Analyze(args) => idem::analyze::run(args).map_err(Into::into),
         }

@@ -221,6 +221,19 @@ struct Named {
 }
 
 /// All metrics of one gateway.
+/// One spender's budget as `/metrics` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetLine {
+    pub tenant: String,
+    /// The key's id; empty for a tenant's own budget.
+    pub key: String,
+    /// The key's name; empty for a tenant's own budget.
+    pub name: String,
+    pub limit: Option<f64>,
+    pub spent: f64,
+    pub reserved: f64,
+}
+
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
@@ -238,6 +251,9 @@ pub struct Metrics {
     /// `idem_cost_total{route,provider}`: what they cost, for the targets
     /// with a price (rendered by [`Metrics::render`]).
     spent_cost: DashMap<(Arc<str>, Arc<str>), Arc<Dollars>>,
+    /// The budgets as last read from the store (see
+    /// [`Metrics::set_budgets`]).
+    budgets: std::sync::Mutex<Vec<BudgetLine>>,
     pub inflight_flights: Gauge,
     pub jobs_unknown: Gauge,
     pub redis_errors: Tally,
@@ -368,6 +384,7 @@ impl Metrics {
             attempts: DashMap::new(),
             spent_tokens: DashMap::new(),
             spent_cost: DashMap::new(),
+            budgets: std::sync::Mutex::new(Vec::new()),
             inflight_flights,
             jobs_unknown,
             redis_errors,
@@ -605,7 +622,64 @@ impl Metrics {
         self.handle.run_upkeep();
         let mut text = self.handle.render();
         self.render_dollars(&mut text);
+        self.render_budgets(&mut text);
         text
+    }
+
+    /// The budgets read from the store a moment ago: every replica reads
+    /// the same rows, so every replica shows the same figures.
+    pub fn set_budgets(&self, lines: Vec<BudgetLine>) {
+        if let Ok(mut b) = self.budgets.lock() {
+            *b = lines;
+        }
+    }
+
+    /// `idem_budget_{limit,spent,reserved}_dollars{tenant,key,name}` (a
+    /// tenant's own budget has `key=""`).
+    fn render_budgets(&self, text: &mut String) {
+        use std::fmt::Write;
+        let Ok(lines) = self.budgets.lock() else {
+            return;
+        };
+        if lines.is_empty() {
+            return;
+        }
+        let labels = |l: &BudgetLine| {
+            format!(
+                "tenant=\"{}\",key=\"{}\",name=\"{}\"",
+                escape_label(&l.tenant),
+                escape_label(&l.key),
+                escape_label(&l.name)
+            )
+        };
+        type Figure = fn(&BudgetLine) -> Option<f64>;
+        let figures: [(&str, &str, Figure); 3] = [
+            (
+                "idem_budget_limit_dollars",
+                "A key's or tenant's budget for its period, in US dollars (no series: no budget).",
+                |l| l.limit,
+            ),
+            (
+                "idem_budget_spent_dollars",
+                "What a key or tenant spent in its budget's period (all time without a period), in US dollars, as its calls were settled.",
+                |l| Some(l.spent),
+            ),
+            (
+                "idem_budget_reserved_dollars",
+                "What calls in progress of a key or tenant reserved against its budget, in US dollars.",
+                |l| Some(l.reserved),
+            ),
+        ];
+        for (name, help, figure) in figures {
+            let _ = writeln!(text, "# HELP {name} {help}");
+            let _ = writeln!(text, "# TYPE {name} gauge");
+            for l in lines.iter() {
+                if let Some(v) = figure(l) {
+                    let _ = writeln!(text, "{name}{{{}}} {v}", labels(l));
+                }
+            }
+            text.push('\n');
+        }
     }
 
     /// The dollar counters, which the exporter's integer counters cannot

@@ -157,6 +157,11 @@ pub fn nanos(dollars: f64) -> u64 {
     }
 }
 
+/// Nano-dollars as dollars.
+pub fn dollars(n: i64) -> f64 {
+    n as f64 / 1e9
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,6 +55,8 @@ pub struct TenantLimits {
     /// The settings `bucket` was made from.
     rate: Option<RateLimitConfig>,
     pub max_body_bytes: Option<usize>,
+    /// The tenant has a budget of its own (`budget_usd`).
+    pub budgeted: bool,
 }
 
 impl TenantLimits {
@@ -113,7 +115,9 @@ impl Keyring {
             .iter()
             .map(|t| {
                 let kept = before.and_then(|b| b.limits.get(&t.name)).filter(|old| {
-                    old.rate == t.rate_limit && old.max_body_bytes == t.max_body_bytes
+                    old.rate == t.rate_limit
+                        && old.max_body_bytes == t.max_body_bytes
+                        && old.budgeted == t.budget_usd.is_some()
                 });
                 let limits = match kept {
                     Some(old) => old.clone(),
@@ -123,6 +127,7 @@ impl Keyring {
                             .and_then(|r| bucket(r.requests_per_second, r.burst)),
                         rate: t.rate_limit,
                         max_body_bytes: t.max_body_bytes,
+                        budgeted: t.budget_usd.is_some(),
                     }),
                 };
                 (t.name.clone(), limits)
@@ -174,7 +179,7 @@ impl Keyring {
 }
 
 /// `Bearer <token>`, case-insensitive scheme, surrounding spaces ignored.
-fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     let value = value.trim_ascii();
     if value.len() < 7 || !value[..7].eq_ignore_ascii_case(b"bearer ") {
         return None;

@@ -5,6 +5,8 @@
 //   `Authorization: Bearer` on fetch calls to this origin; never in a URL.
 // - Everything tenants can choose (keys, metadata, results) is written with
 //   textContent: nothing here parses data as HTML.
+// - The keys page (#/keys) shows a new key's secret once, from the answer
+//   to its creation; it is never stored, and leaving the page forgets it.
 // - The chart's history lives in this page only: each poll of /v1/stats adds
 //   one sample; the rates are the differences between samples.
 'use strict';
@@ -127,9 +129,44 @@
     }
   }
 
+  // A change (POST with a JSON body): the answer's status and JSON, the
+  // gateway's refusal (4xx) included, for the page to show its message.
+  async function send(path, body) {
+    const k = key();
+    if (!k) throw new AuthError('no admin key');
+    let resp;
+    try {
+      resp = await fetch(path, {
+        method: 'POST',
+        headers: { Authorization: 'Bearer ' + k, Accept: 'application/json', 'Content-Type': 'application/json' },
+        body: JSON.stringify(body || {}),
+        cache: 'no-store',
+        credentials: 'omit',
+        referrerPolicy: 'no-referrer',
+      });
+    } catch (e) {
+      throw new FetchError(e.message);
+    }
+    if (resp.status === 401) throw new AuthError('the key was not accepted (401)');
+    let json = null;
+    try {
+      json = await resp.json();
+    } catch (e) {
+      // Not JSON: the status says enough.
+    }
+    return { status: resp.status, ok: resp.ok, json };
+  }
+
+  // What a refusal says: the gateway's message, or its status.
+  function refusal(answer) {
+    const err = answer.json && answer.json.error;
+    return err && err.message ? String(err.message) : 'HTTP ' + answer.status;
+  }
+
   // ---------------------------------------------------------------- screens
 
   function route() {
+    if (/^#\/keys\/?$/.test(location.hash)) return { page: 'keys' };
     const m = /^#\/jobs\/([^/?#]+)$/.exec(location.hash);
     return m ? { page: 'job', id: decodeURIComponent(m[1]) } : { page: 'dashboard' };
   }
@@ -138,7 +175,17 @@
     $('login').hidden = which !== 'login';
     $('dashboard').hidden = which !== 'dashboard';
     $('job-page').hidden = which !== 'job';
+    $('keys-page').hidden = which !== 'keys';
     $('sign-out').hidden = which === 'login';
+    $('nav').hidden = which === 'login';
+    $('nav-dashboard').classList.toggle('current', which === 'dashboard');
+    $('nav-keys').classList.toggle('current', which === 'keys');
+    // A new key's secret is shown once: leaving the page forgets it.
+    if (which !== 'keys') {
+      hideSecret();
+      createError('');
+      actionError('');
+    }
   }
 
   function signedOut(message) {
@@ -204,6 +251,12 @@
   }
 
   async function tick(r) {
+    if (r.page === 'keys') {
+      const [stats, keys] = await Promise.all([api('/v1/stats'), api('/v1/admin/keys')]);
+      record(stats);
+      renderKeys(keys);
+      return;
+    }
     if (r.page === 'job') {
       const [stats, job] = await Promise.all([api('/v1/stats'), api('/v1/admin/jobs/' + encodeURIComponent(r.id))]);
       record(stats);
@@ -439,6 +492,173 @@
       el('td', null, utc(j.created_at))));
     $('recent-jobs').tBodies[0].replaceChildren(...rows);
     $('recent-empty').hidden = rows.length > 0;
+  }
+
+  // -------------------------------------------------------------- keys page
+
+  function keyStateKind(state) {
+    return { active: 'ok', revoked: 'bad', expired: 'muted' }[state] || 'muted';
+  }
+
+  // Spend against the budget: a bar of spent, then reserved (calls under
+  // way), over the limit; "no budget" when the key has none.
+  function spendCell(b) {
+    b = b || {};
+    const limit = typeof b.limit_usd === 'number' ? b.limit_usd : null;
+    const spent = typeof b.spent_usd === 'number' ? b.spent_usd : 0;
+    const reserved = typeof b.reserved_usd === 'number' ? b.reserved_usd : 0;
+    const td = el('td', { class: 'budget', 'data-limit': limit === null ? '' : limit,
+      'data-spent': spent, 'data-reserved': reserved, 'data-remaining': b.remaining_usd ?? '' });
+    if (limit === null) {
+      td.append(el('span', { class: 'hint no-budget' }, 'no budget'),
+        el('div', { class: 'spend-text' }, 'spent ' + usd(spent) + (reserved > 0 ? ' + ' + usd(reserved) + ' reserved' : '')));
+    } else {
+      const share = (x) => (limit > 0 ? Math.max(0, Math.min(100, (x / limit) * 100)) : (x > 0 ? 100 : 0));
+      const used = share(spent);
+      const held = Math.min(100 - used, share(reserved));
+      const over = spent + reserved >= limit;
+      const bar = svg('svg', { class: 'spend-bar' + (over ? ' full' : ''), viewBox: '0 0 100 8',
+        preserveAspectRatio: 'none', role: 'img', 'data-share': limit > 0 ? (spent + reserved) / limit : '',
+        'aria-label': `${usd(spent)} spent and ${usd(reserved)} reserved of ${usd(limit)}` });
+      bar.append(svg('rect', { x: 0, y: 0, width: 100, height: 8, class: 'track' }),
+        svg('rect', { x: 0, y: 0, width: used, height: 8, class: 'spent' }),
+        svg('rect', { x: used, y: 0, width: held, height: 8, class: 'reserved' }));
+      const text = el('div', { class: 'spend-text' },
+        el('span', { class: 'spent-usd' }, usd(spent)), ' of ',
+        el('span', { class: 'limit-usd' }, usd(limit)),
+        b.period ? ' / ' + b.period : ' (lifetime)');
+      if (reserved > 0) text.append(el('span', { class: 'hint' }, ' + ' + usd(reserved) + ' reserved'));
+      td.append(bar, text);
+      const notes = [];
+      if (typeof b.remaining_usd === 'number') notes.push(usd(b.remaining_usd) + ' left');
+      if (b.resets_at) notes.push('resets ' + utc(b.resets_at));
+      if (notes.length) td.append(el('div', { class: 'hint' }, notes.join(' · ')));
+    }
+    return td;
+  }
+
+  function limitsCell(k) {
+    const parts = [];
+    if (typeof k.rpm === 'number') parts.push(int(k.rpm) + ' rpm');
+    if (typeof k.tpm === 'number') parts.push(int(k.tpm) + ' tpm');
+    const td = el('td', { class: 'limits', 'data-rpm': k.rpm ?? '', 'data-tpm': k.tpm ?? '' },
+      parts.length ? parts.join(' · ') : el('span', { class: 'hint' }, 'no limit'));
+    if (Array.isArray(k.models)) td.append(el('div', { class: 'hint models' }, 'models: ' + k.models.join(', ')));
+    return td;
+  }
+
+  function renderKeys(list) {
+    $('keys-missing').hidden = !!list;
+    const keys = list && Array.isArray(list.data) ? list.data : [];
+    const rows = keys.map((k) => {
+      const inactive = k.state !== 'active';
+      const stateCell = el('td', { class: 'state', 'data-state': k.state }, pill(k.state, keyStateKind(k.state)));
+      if (k.state === 'revoked' && k.revoked_at) stateCell.append(el('div', { class: 'hint' }, utc(k.revoked_at)));
+      else if (k.expires_at) stateCell.append(el('div', { class: 'hint' }, (k.state === 'expired' ? 'expired ' : 'expires ') + utc(k.expires_at)));
+      const action = el('td', { class: 'actions' });
+      if (k.state !== 'revoked') {
+        const button = el('button', { type: 'button', class: 'revoke', 'data-testid': 'revoke-' + k.id }, 'Revoke');
+        button.addEventListener('click', () => revokeKey(k));
+        action.append(button);
+      }
+      return el('tr', { 'data-testid': 'key-' + k.id, 'data-key-id': k.id, 'data-state': k.state,
+        class: inactive ? 'key-inactive key-' + k.state : null },
+        el('td', { class: 'tenant' }, k.tenant),
+        el('td', { class: 'name' }, k.name),
+        el('td', { class: 'hint-cell mono', title: k.id }, k.hint),
+        stateCell,
+        spendCell(k.budget),
+        limitsCell(k),
+        el('td', { class: 'last-used', 'data-value': k.last_used_at || '' }, k.last_used_at ? utc(k.last_used_at) : 'never'),
+        action);
+    });
+    $('keys').tBodies[0].replaceChildren(...rows);
+    $('keys-empty').hidden = rows.length > 0 || !list;
+    const active = keys.filter((k) => k.state === 'active').length;
+    figure('keys-summary', keys.length, `${int(keys.length)} ${keys.length === 1 ? 'key' : 'keys'}, ${int(active)} active`);
+  }
+
+  // Reads the keys again at once after a change (the poll would, a second later).
+  async function refreshKeys() {
+    const mine = generation;
+    try {
+      const list = await api('/v1/admin/keys');
+      if (mine === generation && route().page === 'keys') renderKeys(list);
+    } catch (e) {
+      // The next poll says what is wrong.
+    }
+  }
+
+  function actionError(text) {
+    const node = $('key-action-error');
+    node.textContent = text || '';
+    node.hidden = !text;
+  }
+
+  async function revokeKey(k) {
+    actionError('');
+    const question = `Revoke the key "${k.name}" (${k.hint}) of tenant ${k.tenant}? ` +
+      'Calls with it are refused from now on; this cannot be undone.';
+    if (!window.confirm(question)) return;
+    try {
+      const answer = await send('/v1/admin/keys/' + encodeURIComponent(k.id) + '/revoke');
+      if (!answer.ok) actionError(`Cannot revoke ${k.name}: ${refusal(answer)}`);
+    } catch (e) {
+      if (e instanceof AuthError) { signedOut(e.message); return; }
+      actionError(`Cannot revoke ${k.name}: ${e.message}`);
+    }
+    await refreshKeys();
+  }
+
+  function createError(text) {
+    const node = $('key-create-error');
+    node.textContent = text || '';
+    node.hidden = !text;
+  }
+
+  async function createKey(ev) {
+    ev.preventDefault();
+    createError('');
+    hideSecret();
+    const body = { tenant: $('key-tenant').value.trim(), name: $('key-name').value.trim() };
+    const budget = $('key-budget').value.trim();
+    if (budget !== '') {
+      const usdValue = Number(budget);
+      if (!isFinite(usdValue) || usdValue < 0) { createError('The budget is a number of dollars, zero or more.'); return; }
+      body.budget_usd = usdValue;
+      if ($('key-period').value) body.budget_period = $('key-period').value;
+    } else if ($('key-period').value) {
+      createError('A period needs a budget.');
+      return;
+    }
+    const submit = $('key-create-submit');
+    submit.disabled = true;
+    try {
+      const answer = await send('/v1/admin/keys', body);
+      if (!answer.ok || !answer.json || typeof answer.json.key !== 'string') {
+        createError('The key was not created: ' + refusal(answer));
+        return;
+      }
+      const k = answer.json;
+      $('key-secret-for').textContent = `${k.tenant} / ${k.name}`;
+      $('key-secret').textContent = k.key;
+      $('key-secret-box').hidden = false;
+      $('key-secret-box').dataset.keyId = k.id;
+      $('key-create').reset();
+      await refreshKeys();
+    } catch (e) {
+      if (e instanceof AuthError) { signedOut(e.message); return; }
+      createError('The key was not created: ' + e.message);
+    } finally {
+      submit.disabled = false;
+    }
+  }
+
+  function hideSecret() {
+    $('key-secret').textContent = '';
+    $('key-secret-for').textContent = '';
+    $('key-secret-box').hidden = true;
+    delete $('key-secret-box').dataset.keyId;
   }
 
   // -------------------------------------------------------------- job page
@@ -810,6 +1030,8 @@
   function boot() {
     $('login-form').addEventListener('submit', signIn);
     $('sign-out').addEventListener('click', () => signedOut(''));
+    $('key-create').addEventListener('submit', createKey);
+    $('key-secret-hide').addEventListener('click', hideSecret);
     window.addEventListener('hashchange', () => { if (key()) start(); });
     if (key()) start();
     else signedOut('');

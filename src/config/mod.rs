@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 mod admin;
 mod breaker;
+mod budgets;
 mod coalescing;
 mod contracts;
 mod jobs;
@@ -35,6 +36,7 @@ mod tenants;
 
 pub use admin::AdminConfig;
 pub use breaker::BreakerConfig;
+pub use budgets::{BudgetsConfig, Unpriced};
 pub use coalescing::{CoalescingConfig, SharedBackend};
 pub use contracts::ContractsConfig;
 pub use jobs::JobsConfig;
@@ -131,6 +133,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub responses: ResponsesConfig,
+    #[serde(default)]
+    pub budgets: BudgetsConfig,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     #[serde(default)]
@@ -270,6 +274,7 @@ impl Config {
         self.telemetry.validate(source)?;
         self.log.validate(source)?;
         self.responses.validate(source)?;
+        self.budgets.validate(source)?;
         self.admin.validate(source)?;
 
         // A key names one caller: no two tenants share one, nor a tenant and
@@ -356,9 +361,9 @@ impl Config {
 }
 
 /// The rule of tenant and provider names, as [`valid_name`] checks it.
-const NAME_RULE: &str = "names are 1..64 characters of [A-Za-z0-9._-]";
+pub const NAME_RULE: &str = "names are 1..64 characters of [A-Za-z0-9._-]";
 
-fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name

@@ -18,6 +18,13 @@ pub struct TenantConfig {
     /// A body limit below `server.max_body_bytes` for this tenant.
     #[serde(default)]
     pub max_body_bytes: Option<usize>,
+    /// A budget in US dollars that every key of the tenant shares, those
+    /// of this file and those of the store (none: no budget).
+    #[serde(default)]
+    pub budget_usd: Option<f64>,
+    /// When the budget starts again: `1d`, `7d` or `30d` (none: never).
+    #[serde(default)]
+    pub budget_period: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
@@ -53,6 +60,19 @@ impl TenantConfig {
         }
         if self.max_body_bytes.is_some_and(|n| n < 1024) {
             return Err(source.invalid(at("max_body_bytes"), "must be at least 1024"));
+        }
+        if let Some(b) = self.budget_usd
+            && !(b.is_finite() && b >= 0.0)
+        {
+            return Err(source.invalid(at("budget_usd"), "expected dollars, zero or more"));
+        }
+        if let Some(p) = &self.budget_period {
+            if crate::store::period_ms(p).is_none() {
+                return Err(source.invalid(at("budget_period"), "expected 1d, 7d or 30d"));
+            }
+            if self.budget_usd.is_none() {
+                return Err(source.invalid(at("budget_period"), "a period needs a budget_usd"));
+            }
         }
         if self.api_keys.is_empty() {
             return Err(source.invalid(at("api_keys"), "a tenant needs at least one key"));

@@ -107,6 +107,10 @@ pub struct Call {
     /// The client's answer-changing headers (identical for every flight of
     /// the call: they are in the fingerprint).
     pub forwarded: Forwarded,
+    /// The call's reservation against its payer's budgets: settled at the
+    /// call's real cost once its answer is in, released (dropped) if no
+    /// call is made (another replica's flight or cache answered).
+    pub reservation: std::sync::Mutex<Option<crate::budgets::Reservation>>,
 }
 
 impl Call {
@@ -298,7 +302,8 @@ async fn call_and_settle(call: &Call, led: Vec<Led>) {
         t.breaker.record(Health::of(&answer));
         // What the call spent, whatever becomes of its answer (a contract
         // violation was paid for too).
-        if let Some(tokens) = answer.tokens() {
+        let tokens = answer.tokens();
+        if let Some(tokens) = tokens {
             call.metrics.spent(
                 &call.tenant,
                 &call.route.name,
@@ -306,6 +311,24 @@ async fn call_and_settle(call: &Call, led: Vec<Led>) {
                 tokens,
                 t.price,
             );
+        }
+        // Settled before anybody gets the answer's end: a process that
+        // dies from here on has recorded what the call cost.
+        let reservation = call
+            .reservation
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(r) = reservation {
+            // A failure costs nothing (providers bill answers); an unknown
+            // price, nothing either (`budgets.unpriced` let it through).
+            let cost = match &t.price {
+                Some(price) if answer.is_success() => {
+                    crate::budgets::real_cost(price, tokens.as_ref(), r.amount)
+                }
+                _ => 0,
+            };
+            r.settle(cost, tokens.as_ref()).await;
         }
     }
     // On a contract route nothing reaches a follower, the cache or a job
@@ -884,6 +907,7 @@ mod tests {
             call_timeout: Duration::from_secs(1),
             trace: None,
             forwarded: Forwarded::default(),
+            reservation: std::sync::Mutex::new(None),
         };
         let led = [Led {
             ticket,

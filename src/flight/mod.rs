@@ -25,9 +25,10 @@ use rand::Rng;
 use serde_json::{Map, Value};
 
 use crate::answer::Answer;
+use crate::budgets::{BudgetError, Payer, Reservation};
 use crate::cache::{Lookup, ResultCache};
 use crate::config::OnWaitTimeout;
-use crate::dialect::Forwarded;
+use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
@@ -49,6 +50,9 @@ pub enum FlightError {
     /// A parked request's body no longer parses (a bug).
     #[error("a parked request's body no longer parses")]
     BodyLost,
+    /// The call this request would lead does not fit its budget.
+    #[error(transparent)]
+    Budget(#[from] crate::budgets::BudgetError),
 }
 
 /// Where a request's answer comes from.
@@ -147,6 +151,8 @@ pub struct Ask<'a> {
     /// `None`: the provider's `timeout`. A job attempt keeps its call
     /// alive for as long as a late answer still counts.
     pub call_timeout: Option<Duration>,
+    /// Who pays for a call this request leads (none: nobody counts it).
+    pub payer: Option<&'a Payer>,
 }
 
 /// A request's body as the flights need it: parsed while the request may
@@ -278,15 +284,12 @@ impl Coalescer {
         match self.join(ask, target) {
             Step::Done(d) => Ok(d),
             Step::Lead(ticket) => {
-                let request = ask.body.get()?;
-                let flight = ticket.flight.clone();
                 let outcome = if ask.coalesce {
                     Outcome::Leader
                 } else {
                     Outcome::Bypass
                 };
-                self.spawn_leader(ask, target, vec![(ticket, request)]);
-                Ok(Delivery::live(outcome, flight))
+                self.lead(ask, target, ticket, outcome).await
             }
             Step::Follow(flight) => self.follow(ask, target, flight).await,
         }
@@ -315,8 +318,7 @@ impl Coalescer {
                         } else {
                             Outcome::Bypass
                         };
-                        out[i] = Some(Ok(Delivery::live(outcome, ticket.flight.clone())));
-                        led.push((ticket, request));
+                        led.push((i, outcome, ticket, request));
                     }
                     Err(e) => out[i] = Some(Err(e)),
                 },
@@ -324,11 +326,28 @@ impl Coalescer {
             }
         }
         // Led before anybody waits: a task may follow another of the same
-        // batch.
+        // batch. The call is reserved for as one: the tasks share a payer.
         if let Some(first) = asks.first()
             && !led.is_empty()
         {
-            self.spawn_leader(first, target, led);
+            let requests: Vec<Arc<Map<String, Value>>> =
+                led.iter().map(|(.., r)| r.clone()).collect();
+            match self.reserve(first, target, &requests).await {
+                Ok(reservation) => {
+                    let mut flights = Vec::with_capacity(led.len());
+                    for (i, outcome, ticket, request) in led {
+                        out[i] = Some(Ok(Delivery::live(outcome, ticket.flight.clone())));
+                        flights.push((ticket, request));
+                    }
+                    self.spawn_leader(first, target, flights, reservation);
+                }
+                Err(e) => {
+                    for (i, _, ticket, _) in led {
+                        ticket.abandon();
+                        out[i] = Some(Err(FlightError::Budget(e.clone())));
+                    }
+                }
+            }
         }
         let followed =
             futures_util::future::join_all(following.into_iter().map(|(i, flight)| async move {
@@ -388,6 +407,22 @@ impl Coalescer {
             ask.body.park();
             let joined = Instant::now();
             if flight.head(Some(joined + max_wait)).await.is_some() {
+                if flight.abandoned() {
+                    // Its leader could not pay for the call: this request
+                    // joins again, and leads (paying itself) or follows
+                    // whoever does.
+                    match self.table.join(key(), lease()) {
+                        Joined::Follower(now) => {
+                            flight = now;
+                            continue;
+                        }
+                        Joined::Leader(ticket) => {
+                            let mut d = self.lead(ask, target, ticket, Outcome::Leader).await?;
+                            d.waited = Some(joined.elapsed());
+                            return Ok(d);
+                        }
+                    }
+                }
                 let waited = joined.elapsed();
                 self.metrics.wait(ask.tenant, &ask.route.name, waited);
                 // The wait, linked to the call that answered it.
@@ -410,12 +445,9 @@ impl Coalescer {
             // re-attacks the provider while the leader's lease is alive.
             match ask.route.config.coalesce.on_wait_timeout {
                 OnWaitTimeout::Lead => {
-                    let request = ask.body.get()?;
                     if let Some(ticket) = self.table.take_over(&flight, lease()) {
                         tracing::warn!(route = %ask.route.name, fp = %ask.fp, "leader lease expired; taking over");
-                        let flight = ticket.flight.clone();
-                        self.spawn_leader(ask, target, vec![(ticket, request)]);
-                        let mut d = Delivery::live(Outcome::Leader, flight);
+                        let mut d = self.lead(ask, target, ticket, Outcome::Leader).await?;
                         d.waited = Some(joined.elapsed());
                         return Ok(d);
                     }
@@ -432,9 +464,7 @@ impl Coalescer {
                                 continue;
                             }
                             Joined::Leader(ticket) => {
-                                let flight = ticket.flight.clone();
-                                self.spawn_leader(ask, target, vec![(ticket, request)]);
-                                let mut d = Delivery::live(Outcome::Leader, flight);
+                                let mut d = self.lead(ask, target, ticket, Outcome::Leader).await?;
                                 d.waited = Some(joined.elapsed());
                                 return Ok(d);
                             }
@@ -462,6 +492,70 @@ impl Coalescer {
         }
     }
 
+    /// Leads `ticket`'s flight: reserves the call against the payer's
+    /// budgets, then spawns its leader. A call that does not fit is not
+    /// made: the flight is abandoned (its followers join again, and one of
+    /// them leads on its own budget) and this request gets the refusal
+    /// (docs/design.md, "Keys and budgets").
+    async fn lead(
+        &self,
+        ask: &Ask<'_>,
+        target: &Target,
+        ticket: LeaderTicket,
+        outcome: Outcome,
+    ) -> Result<Delivery, FlightError> {
+        let request = match ask.body.get() {
+            Ok(r) => r,
+            Err(e) => {
+                ticket.abandon();
+                return Err(e);
+            }
+        };
+        match self
+            .reserve(ask, target, std::slice::from_ref(&request))
+            .await
+        {
+            Ok(reservation) => {
+                let flight = ticket.flight.clone();
+                self.spawn_leader(ask, target, vec![(ticket, request)], reservation);
+                Ok(Delivery::live(outcome, flight))
+            }
+            Err(e) => {
+                ticket.abandon();
+                Err(FlightError::Budget(e))
+            }
+        }
+    }
+
+    /// The reservation of a call to `target` for `requests`, when the
+    /// request has a payer (token counts cost nothing).
+    async fn reserve(
+        &self,
+        ask: &Ask<'_>,
+        target: &Target,
+        requests: &[Arc<Map<String, Value>>],
+    ) -> Result<Option<Reservation>, BudgetError> {
+        let Some(payer) = ask.payer else {
+            return Ok(None);
+        };
+        let dialect = ask.wire.dialect();
+        if dialect == Dialect::CountTokens {
+            return Ok(None);
+        }
+        let embeddings = dialect == Dialect::Embeddings;
+        let mut total: Option<Reservation> = None;
+        for request in requests {
+            let r = payer
+                .reserve(target.price.as_ref(), &target.model, request, embeddings)
+                .await?;
+            total = Some(match total {
+                None => r,
+                Some(t) => t.join(r),
+            });
+        }
+        Ok(total)
+    }
+
     /// Spawns the leader of these flights on `target`: one upstream call
     /// for all of them, under `ask`'s rules (the batch's tasks share them).
     fn spawn_leader(
@@ -469,6 +563,7 @@ impl Coalescer {
         ask: &Ask<'_>,
         target: &Target,
         flights: Vec<(LeaderTicket, Arc<Map<String, Value>>)>,
+        reservation: Option<Reservation>,
     ) {
         let job = leader::LeaderJob {
             flights,
@@ -486,6 +581,7 @@ impl Coalescer {
                 cache: self.cache.clone(),
                 metrics: self.metrics.clone(),
                 trace: ask.trace.cloned(),
+                reservation: std::sync::Mutex::new(reservation),
             },
             shared: self.shared.clone(),
         };
@@ -587,6 +683,7 @@ mod tests {
             max_wait: None,
             call_timeout: None,
             trace: None,
+            payer: None,
         }
     }
 

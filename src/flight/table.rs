@@ -64,6 +64,9 @@ pub struct Flight {
     /// The span of the provider call that answers this flight, once its
     /// leader has started it (traces on): followers link to it.
     call_span: OnceLock<SpanId>,
+    /// Its leader made no call (its budget could not pay for it): the
+    /// followers join again rather than take its end as an answer.
+    abandoned: std::sync::atomic::AtomicBool,
 }
 
 /// Where a flight's answer came from, for the `Idem-Outcome` of the
@@ -101,6 +104,7 @@ impl Flight {
             followers: AtomicU64::new(0),
             origin: AtomicU8::new(Origin::Upstream as u8),
             call_span: OnceLock::new(),
+            abandoned: std::sync::atomic::AtomicBool::new(false),
         };
         f.renew(lease);
         f
@@ -256,6 +260,12 @@ impl Flight {
         }
     }
 
+    /// Whether its leader gave it up without a call (see
+    /// [`LeaderTicket::abandon`]).
+    pub fn abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
+    }
+
     /// The flight that took this one over, once another leader did: this
     /// flight's late answer must go nowhere, the newer one's is shared
     /// (fencing).
@@ -274,6 +284,24 @@ pub enum Joined {
 pub struct LeaderTicket {
     pub flight: Arc<Flight>,
     pub guard: FlightGuard,
+}
+
+impl LeaderTicket {
+    /// Gives the flight up without a call: it leaves the table first, then
+    /// ends marked abandoned, so that its followers join again (a new
+    /// flight, which one of them leads) instead of taking its end as their
+    /// answer.
+    pub fn abandon(self) {
+        self.flight.abandoned.store(true, Ordering::Release);
+        if self.guard.listed {
+            let key = self.flight.key;
+            self.guard
+                .table
+                .map
+                .remove_if(&key, |_, v| Arc::ptr_eq(v, &self.flight));
+        }
+        drop(self);
+    }
 }
 
 /// Finishes and removes its flight when dropped.

@@ -108,6 +108,8 @@ async fn handle(
     if !route.serves(Dialect::Embeddings) {
         return Err(known.refused(super::openai::not_served(&req.model, "embeddings")));
     }
+    caller.may_use(&route).map_err(|e| known.refused(e))?;
+    let payer = caller.payer(app);
     let user = headers.get(IDEM_USER).and_then(|v| v.to_str().ok());
     let rules = route.rules(&tenant);
     let fp = fingerprint::fingerprint(&req.whole, user, &rules);
@@ -130,6 +132,7 @@ async fn handle(
             wire: &EMBEDDINGS,
             policy,
             trace: trace.as_ref(),
+            payer: payer.as_ref(),
         })
         .collect();
     let obtained = app.core.obtain_batch(&tasks).await;

@@ -24,6 +24,29 @@ pub use crate::answer::error_body;
 pub enum ApiError {
     #[error("missing or invalid API key")]
     Unauthorized,
+    /// A key of the store that no longer admits anybody (revoked,
+    /// expired): the message says which.
+    #[error("{0}")]
+    KeyRefused(String),
+    /// The key may not do this (a route outside its allowlist, a call
+    /// whose cost a budget cannot count).
+    #[error("{message}")]
+    Forbidden { message: String, code: &'static str },
+    /// The key's or its tenant's budget cannot hold the request's worst
+    /// case (docs/design.md, "Keys and budgets").
+    #[error("{message}")]
+    BudgetExceeded {
+        message: String,
+        retry_after: Option<u64>,
+    },
+    /// The key's requests or tokens per minute are spent.
+    #[error("{message}")]
+    KeyRateLimited {
+        message: String,
+        retry_after: u64,
+        remaining_requests: Option<u64>,
+        remaining_tokens: Option<u64>,
+    },
     #[error("this endpoint needs an admin key")]
     AdminOnly,
     #[error("this endpoint needs a tenant key, not an admin key")]
@@ -126,7 +149,11 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized | ApiError::KeyRefused(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            ApiError::BudgetExceeded { .. } | ApiError::KeyRateLimited { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::AdminOnly | ApiError::TenantOnly => StatusCode::FORBIDDEN,
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -147,7 +174,12 @@ impl ApiError {
     /// The OpenAI `type` and `code` fields.
     fn kind(&self) -> (&'static str, &'static str) {
         match self {
-            ApiError::Unauthorized => ("invalid_request_error", "invalid_api_key"),
+            ApiError::Unauthorized | ApiError::KeyRefused(_) => {
+                ("invalid_request_error", "invalid_api_key")
+            }
+            ApiError::Forbidden { code, .. } => ("permission_error", code),
+            ApiError::BudgetExceeded { .. } => ("rate_limit_error", "budget_exceeded"),
+            ApiError::KeyRateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
             ApiError::AdminOnly => ("permission_error", "admin_key_required"),
             ApiError::TenantOnly => ("permission_error", "tenant_key_required"),
             ApiError::BadRequest { code, .. } => ("invalid_request_error", code),
@@ -178,6 +210,10 @@ impl ApiError {
     pub fn refusal(&self) -> Refusal {
         match self {
             ApiError::Unauthorized
+            | ApiError::KeyRefused(_)
+            | ApiError::Forbidden { .. }
+            | ApiError::BudgetExceeded { .. }
+            | ApiError::KeyRateLimited { .. }
             | ApiError::AdminOnly
             | ApiError::TenantOnly
             | ApiError::BadRequest { .. }
@@ -216,9 +252,26 @@ impl ApiError {
             ApiError::WaitTimeout { retry_after, .. }
             | ApiError::RateLimited { retry_after }
             | ApiError::Busy { retry_after, .. } => Some(*retry_after),
-            ApiError::Upstream { retry_after, .. } => *retry_after,
+            ApiError::Upstream { retry_after, .. }
+            | ApiError::BudgetExceeded { retry_after, .. } => *retry_after,
+            ApiError::KeyRateLimited { retry_after, .. } => Some(*retry_after),
             _ => None,
         };
+        if let ApiError::KeyRateLimited {
+            remaining_requests,
+            remaining_tokens,
+            ..
+        } = self
+        {
+            for (name, n) in [
+                ("x-ratelimit-remaining-requests", remaining_requests),
+                ("x-ratelimit-remaining-tokens", remaining_tokens),
+            ] {
+                if let Some(n) = n {
+                    h.insert(HeaderName::from_static(name), HeaderValue::from(*n));
+                }
+            }
+        }
         if let Some(secs) = retry {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -239,7 +292,7 @@ impl ApiError {
         ) {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        if matches!(self, ApiError::Unauthorized) {
+        if matches!(self, ApiError::Unauthorized | ApiError::KeyRefused(_)) {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         h
@@ -285,6 +338,25 @@ impl From<FlightError> for ApiError {
                 retry_after,
             },
             FlightError::BodyLost => ApiError::Internal(anyhow::Error::new(e)),
+            FlightError::Budget(b) => b.into(),
+        }
+    }
+}
+
+impl From<crate::budgets::BudgetError> for ApiError {
+    fn from(e: crate::budgets::BudgetError) -> ApiError {
+        use crate::budgets::BudgetError;
+        let message = e.to_string();
+        match e {
+            BudgetError::Exceeded { retry_after, .. } => ApiError::BudgetExceeded {
+                message,
+                retry_after,
+            },
+            BudgetError::PriceUnknown { .. } => ApiError::Forbidden {
+                message,
+                code: "price_unknown",
+            },
+            BudgetError::Unavailable(_) => ApiError::Unavailable("the budget store"),
         }
     }
 }

@@ -3,7 +3,8 @@
 //! conversation path of every dialect, whose answers `faces` renders;
 //! models), `embeddings`, `responses` (stored responses), `jobs` (the jobs
 //! API), `ops` (health, metrics, stats),
-//! `admin` (certification, routes, jobs across tenants), `ui` (the
+//! `admin` (certification, routes, jobs across tenants), `keys` (the
+//! store's keys, and a key's own view), `ui` (the
 //! dashboard page); `server` is the accept loop, `error` renders every
 //! failure, `validate` checks bodies.
 
@@ -13,6 +14,7 @@ pub mod error;
 pub mod faces;
 pub mod intake;
 pub mod jobs;
+pub mod keys;
 pub mod openai;
 pub mod ops;
 pub mod responses;
@@ -58,6 +60,10 @@ pub struct Shared {
     pub timeline: crate::timeline::Timeline,
     /// The responses kept a moment ago (`store: true`): written once a wave.
     pub kept: crate::conversations::Kept,
+    /// The store's keys, as this replica holds them.
+    pub keys: Arc<crate::keys::KeyTable>,
+    /// This replica's side of every budget.
+    pub ledger: Arc<crate::budgets::Ledger>,
 }
 
 /// The job workers see the gateway through its handles only.
@@ -102,6 +108,9 @@ impl Deref for AppState {
 pub struct Caller {
     pub who: Principal,
     pub live: Arc<Live>,
+    /// The store's key the request came with (none: a key of the
+    /// configuration file, or no key).
+    pub key: Option<Arc<crate::keys::Key>>,
 }
 
 impl FromRequestParts<AppState> for Caller {
@@ -117,7 +126,7 @@ impl FromRequestParts<AppState> for Caller {
 
 impl Caller {
     /// Authenticates the request's key, then spends a token of its tenant's
-    /// rate limit, before any work is done for it.
+    /// rate limit and of its key's, before any work is done for it.
     pub fn admit(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
         let caller = Caller::authenticate(headers, state)?;
         caller.limit(state)?;
@@ -127,12 +136,7 @@ impl Caller {
     /// The caller the request's key names.
     pub fn authenticate(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
         let auth = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-        let live = state.live.load();
-        let who = live
-            .keyring
-            .authenticate(auth)
-            .ok_or(ApiError::Unauthorized)?;
-        Ok(Caller { who, live })
+        Caller::of_token(auth.and_then(crate::tenants::bearer_token), state)
     }
 
     /// The caller of an Anthropic-shaped request: its key in `x-api-key`
@@ -141,19 +145,59 @@ impl Caller {
         headers: &HeaderMap,
         state: &AppState,
     ) -> Result<Caller, ApiError> {
-        let Some(key) = headers.get("x-api-key") else {
-            return Caller::authenticate(headers, state);
-        };
-        let live = state.live.load();
-        let who = live
-            .keyring
-            .authenticate_token(Some(key.as_bytes()))
-            .ok_or(ApiError::Unauthorized)?;
-        Ok(Caller { who, live })
+        match headers.get("x-api-key") {
+            Some(key) => Caller::of_token(Some(key.as_bytes()), state),
+            None => Caller::authenticate(headers, state),
+        }
     }
 
-    /// Spends a token of the caller's rate limit (a tenant's; admins have
-    /// none): 429 when the bucket is empty.
+    /// The caller a presented key names: a key of the store (refused with
+    /// a message when revoked or expired), else the configuration's.
+    fn of_token(token: Option<&[u8]>, state: &AppState) -> Result<Caller, ApiError> {
+        let live = state.live.load();
+        let token = token.map(<[u8]>::trim_ascii).filter(|t| !t.is_empty());
+        if let Some(t) = token {
+            let now = crate::store::now_ms();
+            match state.keys.find(t, now) {
+                Some(crate::keys::Found::Live(key)) => {
+                    state.keys.used(&key, now);
+                    return Ok(Caller {
+                        who: Principal::Tenant(key.tenant.clone()),
+                        live,
+                        key: Some(key),
+                    });
+                }
+                Some(crate::keys::Found::Revoked(key)) => {
+                    return Err(ApiError::KeyRefused(format!(
+                        "this API key ({}, \"{}\") was revoked",
+                        key.record.hint, key.record.name
+                    )));
+                }
+                Some(crate::keys::Found::Expired(key)) => {
+                    return Err(ApiError::KeyRefused(format!(
+                        "this API key ({}, \"{}\") expired at {}",
+                        key.record.hint,
+                        key.record.name,
+                        crate::store::rfc3339(key.record.expires_at.unwrap_or(0))
+                    )));
+                }
+                None => {}
+            }
+        }
+        let who = live
+            .keyring
+            .authenticate_token(token)
+            .ok_or(ApiError::Unauthorized)?;
+        Ok(Caller {
+            who,
+            live,
+            key: None,
+        })
+    }
+
+    /// Spends a token of the caller's rate limits (a tenant's, then its
+    /// key's requests per minute; admins have none), and checks its key's
+    /// tokens per minute: 429 when one is spent.
     pub fn limit(&self, state: &AppState) -> Result<(), ApiError> {
         if let Principal::Tenant(t) = &self.who
             && let Some(limits) = self.live.keyring.limits(t)
@@ -164,7 +208,95 @@ impl Caller {
                 retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
             });
         }
+        if let Some(key) = &self.key {
+            let now = crate::store::now_ms();
+            let tokens_left = key.tokens.as_ref().map(|w| w.remaining(now));
+            if let Some(w) = &key.requests
+                && let Err(retry_after) = w.take(1, now)
+            {
+                state.metrics.rate_limited();
+                return Err(ApiError::KeyRateLimited {
+                    message: format!(
+                        "this key's limit of {} requests per minute is spent; retry in {retry_after} s",
+                        w.limit
+                    ),
+                    retry_after,
+                    remaining_requests: Some(0),
+                    remaining_tokens: tokens_left,
+                });
+            }
+            if let Some(w) = &key.tokens
+                && let Err(retry_after) = w.take(0, now)
+            {
+                state.metrics.rate_limited();
+                return Err(ApiError::KeyRateLimited {
+                    message: format!(
+                        "this key's limit of {} tokens per minute is spent; retry in {retry_after} s",
+                        w.limit
+                    ),
+                    retry_after,
+                    remaining_requests: key.requests.as_ref().map(|w| w.remaining(now)),
+                    remaining_tokens: Some(0),
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// 403 when the caller's key may not use `route` (its allowlist).
+    pub fn may_use(&self, route: &crate::routes::Route) -> Result<(), ApiError> {
+        match &self.key {
+            Some(key) if !key.allows(&route.name) => Err(ApiError::Forbidden {
+                message: format!(
+                    "this API key (\"{}\") may not use model `{}`; it may use {}",
+                    key.record.name,
+                    route.name,
+                    key.record
+                        .models
+                        .iter()
+                        .flatten()
+                        .map(|m| format!("`{m}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                code: "model_not_allowed",
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Who pays for the calls this caller's requests lead: its key of the
+    /// store (limited by its budget, or only counted) and its tenant when
+    /// the tenant has a budget; none when neither.
+    pub fn payer(&self, state: &AppState) -> Option<crate::budgets::Payer> {
+        use crate::budgets::Spender;
+        let tenant = self.tenant_name()?;
+        let mut spenders = Vec::new();
+        if let Some(key) = &self.key {
+            spenders.push(Spender {
+                scope: key.scope(),
+                limited: key.record.budget_nanos.is_some(),
+                who: format!("key \"{}\" of tenant {tenant}", key.record.name),
+            });
+        }
+        if self.live.keyring.limits(tenant).is_some_and(|l| l.budgeted) {
+            spenders.push(Spender {
+                scope: format!("tenant:{tenant}"),
+                limited: true,
+                who: format!("tenant {tenant}"),
+            });
+        }
+        if spenders.is_empty() {
+            return None;
+        }
+        let config = &self.live.config.budgets;
+        Some(crate::budgets::Payer {
+            ledger: state.ledger.clone(),
+            spenders,
+            key: self.key.clone(),
+            default_output: config.default_max_output_tokens,
+            unpriced: config.unpriced,
+        })
     }
 
     /// The tenant's name, if the caller is a tenant.
@@ -282,6 +414,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/jobs", get(admin::jobs))
         .route("/v1/admin/jobs/{id}", get(admin::job))
         .route("/v1/admin/timeline", get(admin::timeline))
+        .route("/v1/admin/keys", post(keys::create).get(keys::list))
+        .route("/v1/admin/keys/{id}", get(keys::show).patch(keys::update))
+        .route("/v1/admin/keys/{id}/revoke", post(keys::revoke))
+        .route("/v1/admin/keys/{id}/rotate", post(keys::rotate))
+        .route("/v1/admin/keys/{id}/audit", get(keys::audit))
+        .route("/v1/key", get(keys::own))
         // Claude Code sends `HEAD /` to warm its connection first.
         .route("/", get(|| async { "idem" }))
         .route("/healthz", get(ops::healthz))

@@ -33,6 +33,7 @@ use super::responses::ResponsesAsk;
 use super::validate::{self, ChatRequest};
 use super::{AppState, Caller};
 use crate::answer::Answer;
+use crate::budgets::Payer;
 use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint::{self, Fingerprint};
 use crate::flight::{Delivery, RequestBody, Source};
@@ -185,6 +186,9 @@ struct Rare {
     trace: Option<Trace>,
     /// A Responses request's extras.
     responses: Option<Box<ResponsesAsk>>,
+    /// Who pays for a call the request leads (a key of the store, a tenant
+    /// with a budget).
+    payer: Option<Payer>,
 }
 
 impl Admission {
@@ -197,6 +201,7 @@ impl Admission {
             wire: crate::endpoints::wire(self.asked.dialect),
             policy: self.policy,
             trace: self.trace(),
+            payer: self.rare.as_ref().and_then(|r| r.payer.as_ref()),
         }
     }
 
@@ -267,6 +272,10 @@ async fn admit(
                 return Err(refused(&app, Some(&tenant), route.as_ref(), e));
             }
         };
+    caller
+        .may_use(&route)
+        .map_err(|e| refused(&app, Some(&tenant), Some(&route.name), e))?;
+    let payer = caller.payer(&app);
     let asked = Asked {
         dialect,
         stream: req.stream,
@@ -317,7 +326,13 @@ async fn admit(
         fp,
         asked,
         started: Since::of(started),
-        rare: (trace.is_some() || responses.is_some()).then(|| Box::new(Rare { trace, responses })),
+        rare: (trace.is_some() || responses.is_some() || payer.is_some()).then(|| {
+            Box::new(Rare {
+                trace,
+                responses,
+                payer,
+            })
+        }),
     }))
 }
 

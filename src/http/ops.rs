@@ -94,12 +94,15 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
         Principal::Tenant(t) => {
             let jobs = job_counts(&app, Some(t)).await;
             let jobs = readable("jobs", jobs, &mut unreadable);
+            let budgets = budgets(&app, Some(t)).await;
+            let budgets = readable("budgets", budgets, &mut unreadable);
             Ok(Json(json!({
                 "object": "stats",
                 "tenant": t.as_ref(),
                 "at": crate::store::rfc3339(now),
                 "coalescing": app.metrics.stats(Some(t)),
                 "jobs": jobs,
+                "budgets": budgets,
                 "unreadable": unreadable,
             })))
         }
@@ -112,6 +115,7 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
                 );
             }
             let jobs = readable("jobs", job_counts(&app, None).await, &mut unreadable);
+            let budgets = readable("budgets", budgets(&app, None).await, &mut unreadable);
             let unknown = app.store.unknown_attempts().await.map(|v| json!(v.len()));
             let unknown = readable("unknown_attempts", unknown, &mut unreadable);
             Ok(Json(json!({
@@ -120,6 +124,7 @@ pub async fn stats(State(app): State<AppState>, caller: Caller) -> Result<Json<V
                 "coalescing": app.metrics.stats(None),
                 "tenants": tenants,
                 "jobs": jobs,
+                "budgets": budgets,
                 "unknown_attempts": unknown,
                 "attempt_races": app.metrics.attempt_races(),
                 "inflight_flights": app.core.coalescer.table.inflight(),
@@ -150,6 +155,31 @@ fn readable(figure: &str, read: Result<Value, StoreError>, unreadable: &mut Vec<
             Value::Null
         }
     }
+}
+
+/// Spend, reservations and what is left, per key of the store and per
+/// tenant with a budget (one tenant's, or all), as the store has them
+/// (the same on every replica).
+async fn budgets(app: &AppState, tenant: Option<&str>) -> Result<Value, StoreError> {
+    let now = crate::store::now_ms();
+    let rows = app.store.budgets(now).await?;
+    let lines = crate::keys::budget_lines(&app.keys, &rows);
+    let data: Vec<Value> = lines
+        .iter()
+        .filter(|l| tenant.is_none_or(|t| l.tenant == t))
+        .map(|l| {
+            json!({
+                "tenant": l.tenant,
+                "key": (!l.key.is_empty()).then_some(&l.key),
+                "name": (!l.name.is_empty()).then_some(&l.name),
+                "limit_usd": l.limit,
+                "spent_usd": l.spent,
+                "reserved_usd": l.reserved,
+                "remaining_usd": l.limit.map(|limit| (limit - l.spent - l.reserved).max(0.0)),
+            })
+        })
+        .collect();
+    Ok(Value::Array(data))
 }
 
 /// Jobs by state (every state, zeros included).

@@ -749,6 +749,7 @@ impl AttemptCtx {
             wire: crate::endpoints::wire(self.dialect),
             policy: CachePolicy::default(),
             trace: trace.as_ref(),
+            payer: None,
         };
         let rules = AttemptRules {
             late,

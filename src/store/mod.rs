@@ -1,6 +1,7 @@
-//! Durable storage of jobs, attempts and certifications, behind one trait
-//! with two implementations: SQLite (the embedded default, WAL) and
-//! PostgreSQL (several replicas). Both run the same test suite.
+//! Durable storage of jobs, attempts, certifications, virtual keys and
+//! budgets, behind one trait with two implementations: SQLite (the
+//! embedded default, WAL) and PostgreSQL (several replicas). Both run the
+//! same test suite.
 //! Both also run the same SQL: it is written once, in `sql.rs`.
 //!
 //! The rules that must hold under concurrency live here, in SQL, not in
@@ -8,11 +9,14 @@
 //! creation races are settled by `INSERT ... ON CONFLICT`; an attempt starts
 //! only if no other attempt of the job is `starting`, `running` or `unknown`
 //! (hedges excepted), checked and written in one transaction that holds the
-//! job row; a job is completed only by compare-and-swap on its `version`.
+//! job row; a job is completed only by compare-and-swap on its `version`;
+//! a budget is reserved only in a transaction that holds its row
+//! ([`Store::grant`]).
 //!
 //! Times are milliseconds since the Unix epoch (`BIGINT`), ids are text
 //! (UUID v7), requests and results are stored as the exact JSON text.
 
+mod keys;
 pub mod postgres;
 mod rows;
 mod sql;
@@ -24,6 +28,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+
+pub use keys::{AuditEntry, BudgetRecord, KeyChange, KeyRecord, period_ms};
 
 /// Storage failures.
 #[derive(Debug, thiserror::Error)]
@@ -554,6 +560,145 @@ pub trait Store: Send + Sync + 'static {
 
     /// The latest certification of each (provider, model) for a route.
     async fn certifications(&self, route: &str) -> Result<Vec<Certification>>;
+
+    /// Inserts a key, its budget row `key:<id>` (limit `budget_nanos`,
+    /// period from `budget_period`, starting at `created_at`) and the audit
+    /// entry, in one transaction. A key whose id or digest exists already
+    /// is an error, and so is a `budget_period` other than `1d`, `7d` or
+    /// `30d`: nothing is written.
+    async fn create_key(&self, key: &KeyRecord, audit: &AuditEntry) -> Result<()>;
+
+    /// Every key, revoked ones too, or one tenant's; oldest first.
+    async fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>>;
+
+    /// A key by id.
+    async fn key(&self, id: &str) -> Result<Option<KeyRecord>>;
+
+    /// Applies `change` to a key (revoked or not), version + 1, and writes
+    /// the audit entry, in one transaction. A change of `budget_nanos` or
+    /// `budget_period` changes the limit and period of the key's budget row
+    /// and keeps its spend and period start (a shorter period moves on, by
+    /// whole periods, at the next reservation or settlement). Returns the
+    /// key as it is now; None (and nothing written) if there is no such
+    /// key.
+    async fn update_key(
+        &self,
+        id: &str,
+        change: &KeyChange,
+        audit: &AuditEntry,
+    ) -> Result<Option<KeyRecord>>;
+
+    /// Revokes a key at `now`: `revoked_at` set, version + 1, the audit
+    /// entry written, in one transaction. A key revoked already is left as
+    /// it is (no version, no audit entry). Returns the key as it is now;
+    /// None if there is no such key.
+    async fn revoke_key(&self, id: &str, now: i64, audit: &AuditEntry)
+    -> Result<Option<KeyRecord>>;
+
+    /// Gives a key a new secret: `digest` and `hint` replaced, `rotated_at`
+    /// = `now`, version + 1, the audit entry written, in one transaction.
+    /// The id stays, and with it the key's budget, spend and audit history.
+    /// None (and nothing written) for a revoked key or no such key; a digest
+    /// another key has is an error.
+    async fn rotate_key(
+        &self,
+        id: &str,
+        digest: &str,
+        hint: &str,
+        now: i64,
+        audit: &AuditEntry,
+    ) -> Result<Option<KeyRecord>>;
+
+    /// `(COUNT(*), SUM(version))` of the keys: every change of a key adds a
+    /// row or a version, so replicas poll this (one cheap statement) to
+    /// notice changes and reload only then. [`Store::touch_keys`] does not
+    /// change it.
+    async fn keys_version(&self) -> Result<(i64, i64)>;
+
+    /// Records when keys were used: `last_used_at` becomes the later of
+    /// itself and `t` for each `(id, t)`, in one statement, without a
+    /// version change. Unknown ids are ignored.
+    async fn touch_keys(&self, used: &[(String, i64)]) -> Result<()>;
+
+    /// The audit log, of one key or of all, newest first, at most `limit`
+    /// entries.
+    async fn audit_log(&self, key_id: Option<&str>, limit: u32) -> Result<Vec<AuditEntry>>;
+
+    /// Sets the limit and period of budget `scope` (a tenant's, from the
+    /// configuration), creating the row with its period starting at `now`
+    /// if it has none; the spend and period start of an existing row stay.
+    async fn set_budget(
+        &self,
+        scope: &str,
+        limit_nanos: Option<i64>,
+        period_ms: Option<i64>,
+        now: i64,
+    ) -> Result<()>;
+
+    /// Reserves at least `need` and at most `need + extra` of budget
+    /// `scope` for `holder`, leased until `lease_until`. Returns the
+    /// holder's grant as it is afterwards, or None when less than `need` is
+    /// left (nothing changes then). A negative `need` or `extra` counts as
+    /// 0.
+    ///
+    /// In one transaction that holds the budget row: a period that has
+    /// elapsed at `now` moves on (spend from 0); what is left is `limit -
+    /// spent - others - mine`, where `others` is the sum of the live grants
+    /// (`lease_until > now`) of other holders and `mine` this holder's
+    /// grant, live or not (a lapsed grant is still its own holder's). The
+    /// grant grows by `min(need + extra, left)`. Holders racing, on any
+    /// connection or process, are never granted more together than the
+    /// budget has left. A budget without a limit grants `need + extra`
+    /// (and records it); a scope without a budget row has no budget: it
+    /// grants `mine + need + extra` and writes nothing.
+    async fn grant(
+        &self,
+        scope: &str,
+        holder: &str,
+        need: i64,
+        extra: i64,
+        lease_until: i64,
+        now: i64,
+    ) -> Result<Option<i64>>;
+
+    /// Settles a call against budget `scope`, in one transaction that
+    /// holds the row: a period that has elapsed at `now` moves on; `spent`
+    /// (the call's real cost, which may exceed what it reserved) is added
+    /// to the period's and the total spend, `calls` + 1; `holder`'s grant
+    /// shrinks by `reserved` (what the call had reserved; not below 0, and
+    /// a grant that reaches 0 is removed). A scope without a budget row
+    /// gets one without a limit, so that the spend of keys without a budget
+    /// is counted too.
+    async fn settle(
+        &self,
+        scope: &str,
+        holder: &str,
+        reserved: i64,
+        spent: i64,
+        now: i64,
+    ) -> Result<()>;
+
+    /// Gives back `amount` of `holder`'s grant of `scope` (not below 0; a
+    /// grant that reaches 0 is removed). Its lease stays as it is.
+    async fn release(&self, scope: &str, holder: &str, amount: i64) -> Result<()>;
+
+    /// Extends the lease of every grant of `holder` still alive at `now`
+    /// until `lease_until`; returns how many. A grant whose lease ended is
+    /// never revived: others may have been granted its room since (its
+    /// holder asks [`Store::grant`] again, which checks).
+    async fn renew_grants(&self, holder: &str, now: i64, lease_until: i64) -> Result<u64>;
+
+    /// Deletes the grants whose lease ended at or before `now` (a dead
+    /// holder's reservations are released); returns how many.
+    async fn expire_grants(&self, now: i64) -> Result<u64>;
+
+    /// Budget `scope` as of `now`: a period that has elapsed reads as the
+    /// current one, with spend 0 (nothing is written); `reserved_nanos`
+    /// is the sum of its live grants.
+    async fn budget(&self, scope: &str, now: i64) -> Result<Option<BudgetRecord>>;
+
+    /// Every budget as of `now`, as [`Store::budget`] reads one, by scope.
+    async fn budgets(&self, now: i64) -> Result<Vec<BudgetRecord>>;
 }
 
 /// Opens the store named by `url` and runs its migrations.

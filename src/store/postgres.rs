@@ -11,6 +11,8 @@
 //!
 //! Locks are always taken job row first, then attempt rows (as `DELETE`
 //! cascading from jobs to attempts does), so transactions cannot deadlock.
+//! In the same way a key's row comes before its budget row, and a budget
+//! row before its grants.
 //!
 //! Migrations may run from several replicas at once: sqlx's migrator holds
 //! a `pg_advisory_lock` (keyed on the database name) while it migrates.
@@ -99,6 +101,28 @@ impl Dialect for PgStore {
          FROM picked
          WHERE jobs.id = picked.id
          RETURNING jobs.*";
+
+    const LOCK_BUDGET: &'static str = "SELECT limit_nanos, period_ms, period_start, spent_nanos
+         FROM budgets WHERE scope = $1 FOR UPDATE";
+    // The keys are locked in id order first, so two replicas recording
+    // overlapping sets of keys cannot wait on each other in a cycle.
+    const TOUCH_KEYS: &'static str = "WITH used AS (
+             SELECT id, t FROM jsonb_to_recordset(CAST($1 AS jsonb)) AS r(id TEXT, t BIGINT)),
+         locked AS (
+             SELECT id FROM api_keys
+             WHERE id = ANY(ARRAY(SELECT id FROM used))
+             ORDER BY id
+             FOR UPDATE)
+         UPDATE api_keys SET last_used_at = used.t
+         FROM used, locked
+         WHERE api_keys.id = locked.id AND api_keys.id = used.id
+           AND (api_keys.last_used_at IS NULL OR api_keys.last_used_at < used.t)";
+    // SKIP LOCKED: a grant being renewed right now is left alone (it is
+    // about to live on), so the reconciler never waits on a holder.
+    const EXPIRE_GRANTS: &'static str = "DELETE FROM budget_grants
+         WHERE (scope, holder) IN (SELECT scope, holder FROM budget_grants
+                                   WHERE lease_until <= $1
+                                   FOR UPDATE SKIP LOCKED)";
 
     fn reader(&self) -> &PgPool {
         &self.pool

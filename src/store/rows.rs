@@ -2,7 +2,11 @@
 //! the store's records: states are stored as text, so an unknown one is a
 //! corrupt row rather than a panic.
 
-use super::{AttemptRecord, AttemptState, Certification, JobRecord, JobState, StoreError};
+use super::keys::current_period;
+use super::{
+    AttemptRecord, AttemptState, BudgetRecord, Certification, JobRecord, JobState, KeyRecord,
+    StoreError,
+};
 
 /// A `jobs` row as the database returns it (`SELECT *` / `RETURNING *`).
 #[derive(Debug, sqlx::FromRow)]
@@ -131,6 +135,107 @@ impl From<CertificationRow> for Certification {
             certified_at: r.certified_at,
         }
     }
+}
+
+/// An `api_keys` row.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct KeyRow {
+    id: String,
+    tenant: String,
+    name: String,
+    digest: String,
+    hint: String,
+    expires_at: Option<i64>,
+    /// A JSON array of route names.
+    models: Option<String>,
+    rpm: Option<i64>,
+    tpm: Option<i64>,
+    budget_nanos: Option<i64>,
+    budget_period: Option<String>,
+    metadata: Option<String>,
+    created_at: i64,
+    revoked_at: Option<i64>,
+    rotated_at: Option<i64>,
+    last_used_at: Option<i64>,
+    version: i64,
+}
+
+impl TryFrom<KeyRow> for KeyRecord {
+    type Error = StoreError;
+
+    fn try_from(r: KeyRow) -> Result<Self, StoreError> {
+        let models = r
+            .models
+            .map(|text| serde_json::from_str::<Vec<String>>(&text))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("key {}: models: {e}", r.id)))?;
+        Ok(KeyRecord {
+            id: r.id,
+            tenant: r.tenant,
+            name: r.name,
+            digest: r.digest,
+            hint: r.hint,
+            expires_at: r.expires_at,
+            models,
+            rpm: r.rpm,
+            tpm: r.tpm,
+            budget_nanos: r.budget_nanos,
+            budget_period: r.budget_period,
+            metadata: r.metadata,
+            created_at: r.created_at,
+            revoked_at: r.revoked_at,
+            rotated_at: r.rotated_at,
+            last_used_at: r.last_used_at,
+            version: r.version,
+        })
+    }
+}
+
+/// A key's `models` as the column stores them: a JSON array.
+pub(super) fn models_text(models: Option<&[String]>) -> Option<String> {
+    models.map(|m| serde_json::Value::from(m.to_vec()).to_string())
+}
+
+/// A `budgets` row with the sum of its live grants (`reserved_nanos`), as
+/// stored: its period may have elapsed.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct BudgetRow {
+    scope: String,
+    limit_nanos: Option<i64>,
+    period_ms: Option<i64>,
+    period_start: i64,
+    spent_nanos: i64,
+    total_nanos: i64,
+    calls: i64,
+    reserved_nanos: i64,
+}
+
+impl BudgetRow {
+    /// The budget as of `now` (its current period).
+    pub(super) fn at(self, now: i64) -> BudgetRecord {
+        let (period_start, spent_nanos) =
+            current_period(self.period_ms, self.period_start, self.spent_nanos, now);
+        BudgetRecord {
+            scope: self.scope,
+            limit_nanos: self.limit_nanos,
+            period_ms: self.period_ms,
+            period_start,
+            spent_nanos,
+            total_nanos: self.total_nanos,
+            calls: self.calls,
+            reserved_nanos: self.reserved_nanos,
+        }
+    }
+}
+
+/// Converts rows, failing on the first corrupt one.
+pub(super) fn keys(rows: Vec<KeyRow>) -> Result<Vec<KeyRecord>, StoreError> {
+    rows.into_iter().map(KeyRecord::try_from).collect()
+}
+
+/// Converts an optional row.
+pub(super) fn key(row: Option<KeyRow>) -> Result<Option<KeyRecord>, StoreError> {
+    row.map(KeyRecord::try_from).transpose()
 }
 
 /// Converts rows, failing on the first corrupt one.

@@ -21,8 +21,10 @@
 //! [`Dialect::LOCK_JOB`] first: on SQLite the transaction holds the write
 //! lock from its start, on PostgreSQL the statement locks the row (the
 //! backends' module documentation says why each is enough).
+//! Reservations from a budget do the same with the budget row
+//! ([`Dialect::LOCK_BUDGET`]).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 
 use async_trait::async_trait;
@@ -30,11 +32,12 @@ use serde_json::{Value, json};
 use sqlx::database::HasStatementCache;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Transaction, Type};
 
-use super::rows::{self, AttemptRow, CertificationRow, JobRow};
+use super::keys::current_period;
+use super::rows::{self, AttemptRow, BudgetRow, CertificationRow, JobRow, KeyRow};
 use super::{
-    AttemptRecord, AttemptResult, AttemptState, Backend, Certification, Chooser, ClaimedJob,
-    Completion, Created, Cursor, JobRecord, JobState, NewJob, Result, StartAttempt, Store,
-    StoreError, StoredResponse,
+    AttemptRecord, AttemptResult, AttemptState, AuditEntry, Backend, BudgetRecord, Certification,
+    Chooser, ClaimedJob, Completion, Created, Cursor, JobRecord, JobState, KeyChange, KeyRecord,
+    NewJob, Result, StartAttempt, Store, StoreError, StoredResponse, period_ms,
 };
 
 /// What one database does differently; everything else is shared.
@@ -79,6 +82,21 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// Sets `state` and `finished_at = $2` of the attempts named in the
     /// JSON array `$1` (objects with `job_id`, `n`, `state`).
     const END_ATTEMPTS: &'static str;
+
+    /// In a write transaction, `SELECT limit_nanos, period_ms,
+    /// period_start, spent_nanos` of budget `$1`, the row kept from change
+    /// until the transaction ends.
+    const LOCK_BUDGET: &'static str;
+
+    /// Sets `last_used_at = t` of each key of the JSON array `$1` (objects
+    /// with `id` and `t`, one per id) whose `last_used_at` is null or
+    /// earlier; other columns are left alone. Two of them running at once
+    /// must not deadlock.
+    const TOUCH_KEYS: &'static str;
+
+    /// Deletes the grants whose `lease_until <= $1`. It must not deadlock
+    /// with a holder renewing its grants meanwhile.
+    const EXPIRE_GRANTS: &'static str;
 
     /// The pool reads use.
     fn reader(&self) -> &Pool<Self::Db>;
@@ -158,6 +176,115 @@ where
         .collect())
 }
 
+/// Writes an audit entry in the caller's transaction.
+async fn insert_audit<D>(
+    conn: &mut <D::Db as Database>::Connection,
+    audit: &AuditEntry,
+) -> Result<()>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    <D::Db as Database>::Arguments: IntoArguments<D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Type<D::Db>,
+{
+    sqlx::query(
+        "INSERT INTO key_audit (at, actor, action, key_id, tenant, detail)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(audit.at)
+    .bind(audit.actor.as_str())
+    .bind(audit.action.as_str())
+    .bind(audit.key_id.as_str())
+    .bind(audit.tenant.as_str())
+    .bind(audit.detail.as_str())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Sets the limit and period of budget `scope` in the caller's
+/// transaction, creating the row (its period starting at `start`) if there
+/// is none; the spend and period start of an existing row stay.
+async fn upsert_budget<D>(
+    conn: &mut <D::Db as Database>::Connection,
+    scope: &str,
+    limit_nanos: Option<i64>,
+    period_ms: Option<i64>,
+    start: i64,
+) -> Result<()>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    <D::Db as Database>::Arguments: IntoArguments<D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> Option<i64>: Encode<'q, D::Db>,
+{
+    sqlx::query(
+        "INSERT INTO budgets (scope, limit_nanos, period_ms, period_start)
+         VALUES ($1, CAST($2 AS BIGINT), CAST($3 AS BIGINT), $4)
+         ON CONFLICT (scope) DO UPDATE
+         SET limit_nanos = excluded.limit_nanos, period_ms = excluded.period_ms",
+    )
+    .bind(scope)
+    .bind(limit_nanos)
+    .bind(period_ms)
+    .bind(start)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Takes `amount` off `holder`'s grant of `scope` (not below 0) in the
+/// caller's transaction, and renews its lease when `lease_until` is given;
+/// a grant that reaches 0 is removed.
+async fn shrink_grant<D>(
+    conn: &mut <D::Db as Database>::Connection,
+    scope: &str,
+    holder: &str,
+    amount: i64,
+    lease_until: Option<i64>,
+) -> Result<()>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    <D::Db as Database>::Arguments: IntoArguments<D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> Option<i64>: Encode<'q, D::Db>,
+{
+    sqlx::query(
+        "UPDATE budget_grants
+         SET amount_nanos = CASE WHEN amount_nanos > $3 THEN amount_nanos - $3 ELSE 0 END,
+             lease_until = COALESCE(CAST($4 AS BIGINT), lease_until)
+         WHERE scope = $1 AND holder = $2",
+    )
+    .bind(scope)
+    .bind(holder)
+    .bind(amount)
+    .bind(lease_until)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM budget_grants WHERE scope = $1 AND holder = $2 AND amount_nanos <= 0")
+        .bind(scope)
+        .bind(holder)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The budget row of a key.
+fn key_scope(id: &str) -> String {
+    format!("key:{id}")
+}
+
+/// The period of a key's budget in milliseconds; None when it has none
+/// (a text other than `1d`, `7d`, `30d` is refused by the table's check).
+fn key_period(key: &KeyRecord) -> Option<i64> {
+    key.budget_period.as_deref().and_then(period_ms)
+}
+
 /// The distinct job ids of a batch as a JSON array (the statements' `$1`).
 fn json_ids<'a>(ids: impl Iterator<Item = &'a str>) -> String {
     let set: BTreeSet<&str> = ids.collect();
@@ -193,6 +320,11 @@ where
     for<'r> AttemptRow: FromRow<'r, Row<D>>,
     for<'r> CertificationRow: FromRow<'r, Row<D>>,
     for<'r> StoredResponse: FromRow<'r, Row<D>>,
+    for<'r> KeyRow: FromRow<'r, Row<D>>,
+    for<'r> BudgetRow: FromRow<'r, Row<D>>,
+    for<'r> AuditEntry: FromRow<'r, Row<D>>,
+    for<'r> (Option<i64>, Option<i64>, i64, i64): FromRow<'r, Row<D>>,
+    for<'r> (i64,): FromRow<'r, Row<D>>,
     for<'r> (String,): FromRow<'r, Row<D>>,
     for<'r> (String, i64): FromRow<'r, Row<D>>,
     for<'r> (i64, i64): FromRow<'r, Row<D>>,
@@ -850,5 +982,418 @@ where
             .execute(self.writer())
             .await?;
         Ok(D::rows_affected(&done))
+    }
+
+    async fn create_key(&self, key: &KeyRecord, audit: &AuditEntry) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO api_keys (id, tenant, name, digest, hint, expires_at, models, rpm, tpm,
+                                   budget_nanos, budget_period, metadata, created_at, revoked_at,
+                                   rotated_at, last_used_at, version)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+        )
+        .bind(key.id.as_str())
+        .bind(key.tenant.as_str())
+        .bind(key.name.as_str())
+        .bind(key.digest.as_str())
+        .bind(key.hint.as_str())
+        .bind(key.expires_at)
+        .bind(rows::models_text(key.models.as_deref()).as_deref())
+        .bind(key.rpm)
+        .bind(key.tpm)
+        .bind(key.budget_nanos)
+        .bind(key.budget_period.as_deref())
+        .bind(key.metadata.as_deref())
+        .bind(key.created_at)
+        .bind(key.revoked_at)
+        .bind(key.rotated_at)
+        .bind(key.last_used_at)
+        .bind(key.version)
+        .execute(&mut *tx)
+        .await?;
+        upsert_budget::<D>(
+            &mut *tx,
+            &key_scope(&key.id),
+            key.budget_nanos,
+            key_period(key),
+            key.created_at,
+        )
+        .await?;
+        insert_audit::<D>(&mut *tx, audit).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>> {
+        let rows: Vec<KeyRow> = sqlx::query_as(
+            "SELECT * FROM api_keys
+             WHERE CAST($1 AS TEXT) IS NULL OR tenant = $1
+             ORDER BY created_at, id",
+        )
+        .bind(tenant)
+        .fetch_all(self.reader())
+        .await?;
+        rows::keys(rows)
+    }
+
+    async fn key(&self, id: &str) -> Result<Option<KeyRecord>> {
+        let row: Option<KeyRow> = sqlx::query_as("SELECT * FROM api_keys WHERE id = $1")
+            .bind(id)
+            .fetch_optional(self.reader())
+            .await?;
+        rows::key(row)
+    }
+
+    async fn update_key(
+        &self,
+        id: &str,
+        change: &KeyChange,
+        audit: &AuditEntry,
+    ) -> Result<Option<KeyRecord>> {
+        let mut tx = self.begin_write().await?;
+        // Each nullable column is set when its flag is, to its value (null
+        // included); the update locks the row until the commit.
+        let models: Option<Option<String>> = change
+            .models
+            .as_ref()
+            .map(|m| rows::models_text(m.as_deref()));
+        let new_models = models.clone().flatten();
+        let row: Option<KeyRow> = sqlx::query_as(
+            "UPDATE api_keys
+             SET name = COALESCE(CAST($2 AS TEXT), name),
+                 expires_at = CASE WHEN $3 THEN CAST($4 AS BIGINT) ELSE expires_at END,
+                 models = CASE WHEN $5 THEN CAST($6 AS TEXT) ELSE models END,
+                 rpm = CASE WHEN $7 THEN CAST($8 AS BIGINT) ELSE rpm END,
+                 tpm = CASE WHEN $9 THEN CAST($10 AS BIGINT) ELSE tpm END,
+                 budget_nanos = CASE WHEN $11 THEN CAST($12 AS BIGINT) ELSE budget_nanos END,
+                 budget_period = CASE WHEN $13 THEN CAST($14 AS TEXT) ELSE budget_period END,
+                 metadata = CASE WHEN $15 THEN CAST($16 AS TEXT) ELSE metadata END,
+                 version = version + 1
+             WHERE id = $1
+             RETURNING *",
+        )
+        .bind(id)
+        .bind(change.name.as_deref())
+        .bind(change.expires_at.is_some())
+        .bind(change.expires_at.flatten())
+        .bind(models.is_some())
+        .bind(new_models.as_deref())
+        .bind(change.rpm.is_some())
+        .bind(change.rpm.flatten())
+        .bind(change.tpm.is_some())
+        .bind(change.tpm.flatten())
+        .bind(change.budget_nanos.is_some())
+        .bind(change.budget_nanos.flatten())
+        .bind(change.budget_period.is_some())
+        .bind(change.budget_period.as_ref().and_then(|p| p.as_deref()))
+        .bind(change.metadata.is_some())
+        .bind(change.metadata.as_ref().and_then(|m| m.as_deref()))
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(key) = rows::key(row)? else {
+            return Ok(None);
+        };
+        if change.budget_nanos.is_some() || change.budget_period.is_some() {
+            upsert_budget::<D>(
+                &mut *tx,
+                &key_scope(&key.id),
+                key.budget_nanos,
+                key_period(&key),
+                audit.at,
+            )
+            .await?;
+        }
+        insert_audit::<D>(&mut *tx, audit).await?;
+        tx.commit().await?;
+        Ok(Some(key))
+    }
+
+    async fn revoke_key(
+        &self,
+        id: &str,
+        now: i64,
+        audit: &AuditEntry,
+    ) -> Result<Option<KeyRecord>> {
+        let mut tx = self.begin_write().await?;
+        let revoked: Option<KeyRow> = sqlx::query_as(
+            "UPDATE api_keys SET revoked_at = $2, version = version + 1
+             WHERE id = $1 AND revoked_at IS NULL
+             RETURNING *",
+        )
+        .bind(id)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let key = match revoked {
+            Some(row) => {
+                insert_audit::<D>(&mut *tx, audit).await?;
+                Some(row)
+            }
+            // Revoked already, or no such key.
+            None => {
+                sqlx::query_as("SELECT * FROM api_keys WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+            }
+        };
+        tx.commit().await?;
+        rows::key(key)
+    }
+
+    async fn rotate_key(
+        &self,
+        id: &str,
+        digest: &str,
+        hint: &str,
+        now: i64,
+        audit: &AuditEntry,
+    ) -> Result<Option<KeyRecord>> {
+        let mut tx = self.begin_write().await?;
+        let row: Option<KeyRow> = sqlx::query_as(
+            "UPDATE api_keys SET digest = $2, hint = $3, rotated_at = $4, version = version + 1
+             WHERE id = $1 AND revoked_at IS NULL
+             RETURNING *",
+        )
+        .bind(id)
+        .bind(digest)
+        .bind(hint)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(key) = rows::key(row)? else {
+            return Ok(None);
+        };
+        insert_audit::<D>(&mut *tx, audit).await?;
+        tx.commit().await?;
+        Ok(Some(key))
+    }
+
+    async fn keys_version(&self) -> Result<(i64, i64)> {
+        Ok(sqlx::query_as(
+            "SELECT COUNT(*), CAST(COALESCE(SUM(version), 0) AS BIGINT) FROM api_keys",
+        )
+        .fetch_one(self.reader())
+        .await?)
+    }
+
+    async fn touch_keys(&self, used: &[(String, i64)]) -> Result<()> {
+        // One entry per key, its latest use (a key twice in one statement
+        // would be updated from either entry).
+        let mut latest: BTreeMap<&str, i64> = BTreeMap::new();
+        for (id, t) in used {
+            let at = latest.entry(id.as_str()).or_insert(*t);
+            *at = (*at).max(*t);
+        }
+        if latest.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<Value> = latest
+            .into_iter()
+            .map(|(id, t)| json!({"id": id, "t": t}))
+            .collect();
+        sqlx::query(D::TOUCH_KEYS)
+            .persistent(false)
+            .bind(Value::from(batch).to_string().as_str())
+            .execute(self.writer())
+            .await?;
+        Ok(())
+    }
+
+    async fn audit_log(&self, key_id: Option<&str>, limit: u32) -> Result<Vec<AuditEntry>> {
+        Ok(sqlx::query_as(
+            "SELECT at, actor, action, key_id, tenant, detail FROM key_audit
+             WHERE CAST($1 AS TEXT) IS NULL OR key_id = $1
+             ORDER BY at DESC, id DESC
+             LIMIT $2",
+        )
+        .bind(key_id)
+        .bind(i64::from(limit))
+        .fetch_all(self.reader())
+        .await?)
+    }
+
+    async fn set_budget(
+        &self,
+        scope: &str,
+        limit_nanos: Option<i64>,
+        period_ms: Option<i64>,
+        now: i64,
+    ) -> Result<()> {
+        let mut conn = self.writer().acquire().await?;
+        upsert_budget::<D>(&mut *conn, scope, limit_nanos, period_ms, now).await
+    }
+
+    async fn grant(
+        &self,
+        scope: &str,
+        holder: &str,
+        need: i64,
+        extra: i64,
+        lease_until: i64,
+        now: i64,
+    ) -> Result<Option<i64>> {
+        let need = need.max(0);
+        let want = need.saturating_add(extra.max(0));
+        let mut tx = self.begin_write().await?;
+        // The budget row first: no other reservation or settlement of this
+        // budget runs until the commit, and the grants read next are
+        // everything committed before. Grants only grow under this lock;
+        // what changes them meanwhile (a release, a lapsed lease removed)
+        // only makes them smaller.
+        let row: Option<(Option<i64>, Option<i64>, i64, i64)> = sqlx::query_as(D::LOCK_BUDGET)
+            .bind(scope)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let (others, mine): (i64, i64) = sqlx::query_as(
+            "SELECT CAST(COALESCE(SUM(CASE WHEN holder <> $2 AND lease_until > $3
+                                           THEN amount_nanos ELSE 0 END), 0) AS BIGINT),
+                    CAST(COALESCE(SUM(CASE WHEN holder = $2 THEN amount_nanos ELSE 0 END), 0) AS BIGINT)
+             FROM budget_grants WHERE scope = $1",
+        )
+        .bind(scope)
+        .bind(holder)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        let Some((limit, period, start, spent)) = row else {
+            // No budget row: no budget. Nothing is written.
+            return Ok(Some(mine.saturating_add(want)));
+        };
+        let (start_now, spent_now) = current_period(period, start, spent, now);
+        let add = match limit {
+            None => want,
+            Some(limit) => {
+                let left = limit
+                    .saturating_sub(spent_now)
+                    .saturating_sub(others)
+                    .saturating_sub(mine);
+                if left < need {
+                    return Ok(None);
+                }
+                want.min(left)
+            }
+        };
+        if (start_now, spent_now) != (start, spent) {
+            sqlx::query("UPDATE budgets SET period_start = $2, spent_nanos = $3 WHERE scope = $1")
+                .bind(scope)
+                .bind(start_now)
+                .bind(spent_now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        // Added to the grant as it is now, not as read: a release that
+        // committed meanwhile is kept.
+        let (granted,): (i64,) = sqlx::query_as(
+            "INSERT INTO budget_grants (scope, holder, amount_nanos, lease_until)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (scope, holder) DO UPDATE
+             SET amount_nanos = budget_grants.amount_nanos + excluded.amount_nanos,
+                 lease_until = excluded.lease_until
+             RETURNING amount_nanos",
+        )
+        .bind(scope)
+        .bind(holder)
+        .bind(add)
+        .bind(lease_until)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(granted))
+    }
+
+    async fn settle(
+        &self,
+        scope: &str,
+        holder: &str,
+        reserved: i64,
+        spent: i64,
+        now: i64,
+    ) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        // One statement for the row, which it locks until the commit. A
+        // period that has elapsed moves on by whole periods and its spend
+        // starts from 0, as `current_period` computes it.
+        sqlx::query(
+            "INSERT INTO budgets (scope, period_start, spent_nanos, total_nanos, calls)
+             VALUES ($1, $2, $3, $3, 1)
+             ON CONFLICT (scope) DO UPDATE
+             SET period_start = CASE
+                     WHEN budgets.period_ms > 0 AND $2 >= budgets.period_start + budgets.period_ms
+                     THEN budgets.period_start
+                          + ($2 - budgets.period_start) / budgets.period_ms * budgets.period_ms
+                     ELSE budgets.period_start END,
+                 spent_nanos = CASE
+                     WHEN budgets.period_ms > 0 AND $2 >= budgets.period_start + budgets.period_ms
+                     THEN 0 ELSE budgets.spent_nanos END + $3,
+                 total_nanos = budgets.total_nanos + $3,
+                 calls = budgets.calls + 1",
+        )
+        .bind(scope)
+        .bind(now)
+        .bind(spent)
+        .execute(&mut *tx)
+        .await?;
+        if reserved > 0 {
+            shrink_grant::<D>(&mut *tx, scope, holder, reserved, None).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn release(&self, scope: &str, holder: &str, amount: i64) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        shrink_grant::<D>(&mut *tx, scope, holder, amount.max(0), None).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn renew_grants(&self, holder: &str, now: i64, lease_until: i64) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE budget_grants SET lease_until = $2 WHERE holder = $1 AND lease_until > $3",
+        )
+        .bind(holder)
+        .bind(lease_until)
+        .bind(now)
+        .execute(self.writer())
+        .await?;
+        Ok(D::rows_affected(&done))
+    }
+
+    async fn expire_grants(&self, now: i64) -> Result<u64> {
+        let done = sqlx::query(D::EXPIRE_GRANTS)
+            .bind(now)
+            .execute(self.writer())
+            .await?;
+        Ok(D::rows_affected(&done))
+    }
+
+    async fn budget(&self, scope: &str, now: i64) -> Result<Option<BudgetRecord>> {
+        let row: Option<BudgetRow> = sqlx::query_as(
+            "SELECT scope, limit_nanos, period_ms, period_start, spent_nanos, total_nanos, calls,
+                    CAST(COALESCE((SELECT SUM(g.amount_nanos) FROM budget_grants AS g
+                                   WHERE g.scope = budgets.scope AND g.lease_until > $2), 0)
+                         AS BIGINT) AS reserved_nanos
+             FROM budgets WHERE scope = $1",
+        )
+        .bind(scope)
+        .bind(now)
+        .fetch_optional(self.reader())
+        .await?;
+        Ok(row.map(|r| r.at(now)))
+    }
+
+    async fn budgets(&self, now: i64) -> Result<Vec<BudgetRecord>> {
+        let rows: Vec<BudgetRow> = sqlx::query_as(
+            "SELECT scope, limit_nanos, period_ms, period_start, spent_nanos, total_nanos, calls,
+                    CAST(COALESCE((SELECT SUM(g.amount_nanos) FROM budget_grants AS g
+                                   WHERE g.scope = budgets.scope AND g.lease_until > $1), 0)
+                         AS BIGINT) AS reserved_nanos
+             FROM budgets ORDER BY scope",
+        )
+        .bind(now)
+        .fetch_all(self.reader())
+        .await?;
+        Ok(rows.into_iter().map(|r| r.at(now)).collect())
     }
 }

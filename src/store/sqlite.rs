@@ -194,6 +194,16 @@ impl Dialect for SqliteStore {
                       LIMIT $4)
          RETURNING *";
 
+    // The transaction holds the write lock already (`BEGIN IMMEDIATE`).
+    const LOCK_BUDGET: &'static str =
+        "SELECT limit_nanos, period_ms, period_start, spent_nanos FROM budgets WHERE scope = $1";
+    const TOUCH_KEYS: &'static str = "UPDATE api_keys SET last_used_at = used.t
+         FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.t') AS t
+               FROM json_each($1)) AS used
+         WHERE api_keys.id = used.id
+           AND (api_keys.last_used_at IS NULL OR api_keys.last_used_at < used.t)";
+    const EXPIRE_GRANTS: &'static str = "DELETE FROM budget_grants WHERE lease_until <= $1";
+
     fn reader(&self) -> &SqlitePool {
         &self.pool
     }

@@ -19,8 +19,9 @@ use tokio::sync::Barrier;
 use super::postgres::PgStore;
 use super::sqlite::SqliteStore;
 use super::{
-    AttemptRecord, AttemptResult, AttemptState, Backend, Certification, ClaimedJob, Completion,
-    Created, Cursor, JobRecord, JobState, NewAttempt, NewJob, StartAttempt, Store, StoredResponse,
+    AttemptRecord, AttemptResult, AttemptState, AuditEntry, Backend, BudgetRecord, Certification,
+    ClaimedJob, Completion, Created, Cursor, JobRecord, JobState, KeyChange, KeyRecord, NewAttempt,
+    NewJob, StartAttempt, Store, StoredResponse,
 };
 
 // ---------------------------------------------------------------------------
@@ -188,6 +189,16 @@ store_tests!(
     complete_all_batch_each_as_if_alone,
     complete_all_concurrent_one_winner_per_job,
     responses_are_kept_per_tenant,
+    keys_create_list_and_get,
+    keys_update_sets_and_clears,
+    keys_revoke_and_rotate,
+    keys_duplicates_refused,
+    keys_version_ignores_touch,
+    key_audit_newest_first,
+    grant_concurrent_never_exceeds_budget,
+    grant_leases_extra_and_release,
+    grant_period_rollover,
+    grant_unlimited_and_settle_without_row,
 );
 
 // ---------------------------------------------------------------------------
@@ -1802,4 +1813,795 @@ async fn responses_are_kept_per_tenant(s: Arc<dyn Store>) {
     assert_eq!(s.purge_responses(T0 + 5).await.unwrap(), 1);
     assert_eq!(s.response("t1", "resp_old").await.unwrap(), None);
     assert!(s.response("t2", "resp_a").await.unwrap().is_some());
+}
+
+// ---------------------------------------------------------------------------
+// Keys and budgets
+// ---------------------------------------------------------------------------
+
+const DAY: i64 = 86_400_000;
+
+fn key_record(id: &str, tenant: &str, created_at: i64) -> KeyRecord {
+    KeyRecord {
+        id: id.to_owned(),
+        tenant: tenant.to_owned(),
+        name: format!("{id} name"),
+        digest: format!("digest-{id}"),
+        hint: format!("sk-idem-...{id}"),
+        expires_at: None,
+        models: None,
+        rpm: None,
+        tpm: None,
+        budget_nanos: None,
+        budget_period: None,
+        metadata: None,
+        created_at,
+        revoked_at: None,
+        rotated_at: None,
+        last_used_at: None,
+        version: 1,
+    }
+}
+
+fn audit(action: &str, key: &KeyRecord, at: i64) -> AuditEntry {
+    AuditEntry {
+        at,
+        actor: "admin".to_owned(),
+        action: action.to_owned(),
+        key_id: key.id.clone(),
+        tenant: key.tenant.clone(),
+        detail: serde_json::json!({ "at": at }).to_string(),
+    }
+}
+
+async fn create_key(s: &dyn Store, key: &KeyRecord) {
+    s.create_key(key, &audit("create", key, key.created_at))
+        .await
+        .unwrap();
+}
+
+async fn budget(s: &dyn Store, scope: &str, now: i64) -> BudgetRecord {
+    s.budget(scope, now).await.unwrap().expect("budget exists")
+}
+
+async fn keys_create_list_and_get(s: Arc<dyn Store>) {
+    let mut a = key_record("key_a", "t1", T0);
+    a.expires_at = Some(T0 + DAY);
+    a.models = Some(vec!["support-bot".to_owned(), "summarize".to_owned()]);
+    a.rpm = Some(60);
+    a.tpm = Some(10_000);
+    a.budget_nanos = Some(5_000_000_000);
+    a.budget_period = Some("1d".to_owned());
+    a.metadata = Some(r#"{"team":"support"}"#.to_owned());
+    let mut b = key_record("key_b", "t2", T0 + 1);
+    // No route at all is not every route.
+    b.models = Some(vec![]);
+    let c = key_record("key_c", "t1", T0 + 2);
+    for k in [&a, &b, &c] {
+        create_key(&*s, k).await;
+    }
+
+    assert_eq!(
+        s.keys(None).await.unwrap(),
+        vec![a.clone(), b.clone(), c.clone()]
+    );
+    assert_eq!(
+        s.keys(Some("t1")).await.unwrap(),
+        vec![a.clone(), c.clone()]
+    );
+    assert_eq!(s.keys(Some("t3")).await.unwrap(), vec![]);
+    assert_eq!(s.key("key_b").await.unwrap(), Some(b.clone()));
+    assert_eq!(s.key("key_none").await.unwrap(), None);
+
+    // Each key has its budget row: a's with its limit and period, the
+    // others without a limit (their spend is counted all the same).
+    assert_eq!(
+        budget(&*s, "key:key_a", T0 + 5).await,
+        BudgetRecord {
+            scope: "key:key_a".to_owned(),
+            limit_nanos: Some(5_000_000_000),
+            period_ms: Some(DAY),
+            period_start: T0,
+            spent_nanos: 0,
+            total_nanos: 0,
+            calls: 0,
+            reserved_nanos: 0,
+        }
+    );
+    let c_budget = budget(&*s, "key:key_c", T0 + 5).await;
+    assert_eq!(
+        (
+            c_budget.limit_nanos,
+            c_budget.period_ms,
+            c_budget.period_start
+        ),
+        (None, None, T0 + 2)
+    );
+    let scopes: Vec<String> = s
+        .budgets(T0 + 5)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.scope)
+        .collect();
+    assert_eq!(scopes, ["key:key_a", "key:key_b", "key:key_c"]);
+    assert_eq!(s.keys_version().await.unwrap(), (3, 3));
+}
+
+async fn keys_update_sets_and_clears(s: Arc<dyn Store>) {
+    let mut k = key_record("key_a", "t1", T0);
+    k.rpm = Some(60);
+    k.metadata = Some(r#"{"team":"support"}"#.to_owned());
+    k.budget_nanos = Some(1_000);
+    create_key(&*s, &k).await;
+    s.settle("key:key_a", "gw-1", 0, 300, T0 + 1).await.unwrap();
+
+    // Set some fields; the others stay.
+    let change = KeyChange {
+        name: Some("renamed".to_owned()),
+        models: Some(Some(vec!["support-bot".to_owned()])),
+        tpm: Some(Some(5_000)),
+        budget_nanos: Some(Some(2_000)),
+        budget_period: Some(Some("7d".to_owned())),
+        ..KeyChange::default()
+    };
+    let updated = s
+        .update_key("key_a", &change, &audit("update", &k, T0 + 2))
+        .await
+        .unwrap()
+        .expect("the key exists");
+    let mut expected = k.clone();
+    expected.name = "renamed".to_owned();
+    expected.models = Some(vec!["support-bot".to_owned()]);
+    expected.tpm = Some(5_000);
+    expected.budget_nanos = Some(2_000);
+    expected.budget_period = Some("7d".to_owned());
+    expected.version = 2;
+    assert_eq!(updated, expected);
+    assert_eq!(s.key("key_a").await.unwrap(), Some(expected.clone()));
+    // The budget row follows; its spend and period start stay.
+    let b = budget(&*s, "key:key_a", T0 + 3).await;
+    assert_eq!(
+        (
+            b.limit_nanos,
+            b.period_ms,
+            b.period_start,
+            b.spent_nanos,
+            b.calls
+        ),
+        (Some(2_000), Some(7 * DAY), T0, 300, 1)
+    );
+
+    // Clear some: `Some(None)`.
+    let change = KeyChange {
+        rpm: Some(None),
+        models: Some(None),
+        metadata: Some(None),
+        budget_nanos: Some(None),
+        budget_period: Some(None),
+        ..KeyChange::default()
+    };
+    let cleared = s
+        .update_key("key_a", &change, &audit("update", &k, T0 + 4))
+        .await
+        .unwrap()
+        .expect("the key exists");
+    expected.rpm = None;
+    expected.models = None;
+    expected.metadata = None;
+    expected.budget_nanos = None;
+    expected.budget_period = None;
+    expected.version = 3;
+    assert_eq!(cleared, expected);
+    let b = budget(&*s, "key:key_a", T0 + 5).await;
+    assert_eq!(
+        (b.limit_nanos, b.period_ms, b.spent_nanos, b.total_nanos),
+        (None, None, 300, 300)
+    );
+
+    // An empty change is still a change (an audited one).
+    let same = s
+        .update_key("key_a", &KeyChange::default(), &audit("update", &k, T0 + 6))
+        .await
+        .unwrap()
+        .expect("the key exists");
+    assert_eq!(same.version, 4);
+
+    // A period other than 1d, 7d, 30d is refused and changes nothing.
+    let bad = KeyChange {
+        budget_period: Some(Some("1h".to_owned())),
+        ..KeyChange::default()
+    };
+    assert!(
+        s.update_key("key_a", &bad, &audit("update", &k, T0 + 7))
+            .await
+            .is_err()
+    );
+    assert_eq!(s.key("key_a").await.unwrap(), Some(same.clone()));
+
+    // No such key: None, and no audit entry.
+    let ghost = key_record("key_none", "t1", T0);
+    assert_eq!(
+        s.update_key("key_none", &change, &audit("update", &ghost, T0 + 8))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(s.audit_log(Some("key_none"), 10).await.unwrap(), vec![]);
+    assert_eq!(s.audit_log(Some("key_a"), 10).await.unwrap().len(), 4);
+
+    // A revoked key may still be updated.
+    s.revoke_key("key_a", T0 + 9, &audit("revoke", &k, T0 + 9))
+        .await
+        .unwrap();
+    let renamed = s
+        .update_key(
+            "key_a",
+            &KeyChange {
+                name: Some("retired".to_owned()),
+                ..KeyChange::default()
+            },
+            &audit("update", &k, T0 + 10),
+        )
+        .await
+        .unwrap()
+        .expect("the key exists");
+    assert_eq!(
+        (renamed.name.as_str(), renamed.revoked_at, renamed.version),
+        ("retired", Some(T0 + 9), 6)
+    );
+}
+
+async fn keys_revoke_and_rotate(s: Arc<dyn Store>) {
+    let mut k = key_record("key_a", "t1", T0);
+    k.budget_nanos = Some(1_000);
+    create_key(&*s, &k).await;
+    s.settle("key:key_a", "gw-1", 0, 250, T0 + 1).await.unwrap();
+
+    // Rotation: same id, new secret, spend kept.
+    let rotated = s
+        .rotate_key(
+            "key_a",
+            "digest-new",
+            "sk-idem-...new",
+            T0 + 2,
+            &audit("rotate", &k, T0 + 2),
+        )
+        .await
+        .unwrap()
+        .expect("the key exists");
+    let mut expected = k.clone();
+    expected.digest = "digest-new".to_owned();
+    expected.hint = "sk-idem-...new".to_owned();
+    expected.rotated_at = Some(T0 + 2);
+    expected.version = 2;
+    assert_eq!(rotated, expected);
+    let b = budget(&*s, "key:key_a", T0 + 3).await;
+    assert_eq!(
+        (b.limit_nanos, b.spent_nanos, b.calls),
+        (Some(1_000), 250, 1)
+    );
+
+    // Revocation, once.
+    let revoked = s
+        .revoke_key("key_a", T0 + 4, &audit("revoke", &k, T0 + 4))
+        .await
+        .unwrap()
+        .expect("the key exists");
+    expected.revoked_at = Some(T0 + 4);
+    expected.version = 3;
+    assert_eq!(revoked, expected);
+    let again = s
+        .revoke_key("key_a", T0 + 5, &audit("revoke", &k, T0 + 5))
+        .await
+        .unwrap();
+    assert_eq!(again, Some(expected.clone()), "revoked already: unchanged");
+
+    // A revoked key is never rotated back to life.
+    assert_eq!(
+        s.rotate_key(
+            "key_a",
+            "digest-3",
+            "sk-idem-...3",
+            T0 + 6,
+            &audit("rotate", &k, T0 + 6)
+        )
+        .await
+        .unwrap(),
+        None
+    );
+    assert_eq!(s.key("key_a").await.unwrap(), Some(expected));
+
+    // No such key.
+    let ghost = key_record("key_none", "t1", T0);
+    assert_eq!(
+        s.revoke_key("key_none", T0 + 7, &audit("revoke", &ghost, T0 + 7))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        s.rotate_key(
+            "key_none",
+            "d",
+            "h",
+            T0 + 7,
+            &audit("rotate", &ghost, T0 + 7)
+        )
+        .await
+        .unwrap(),
+        None
+    );
+    let actions: Vec<String> = s
+        .audit_log(None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action)
+        .collect();
+    assert_eq!(actions, ["revoke", "rotate", "create"]);
+}
+
+async fn keys_duplicates_refused(s: Arc<dyn Store>) {
+    let a = key_record("key_a", "t1", T0);
+    let b = key_record("key_b", "t1", T0 + 1);
+    create_key(&*s, &a).await;
+    create_key(&*s, &b).await;
+    let before = s.keys_version().await.unwrap();
+
+    // Another id with a's digest.
+    let mut same_digest = key_record("key_c", "t2", T0 + 2);
+    same_digest.digest = a.digest.clone();
+    assert!(
+        s.create_key(&same_digest, &audit("create", &same_digest, T0 + 2))
+            .await
+            .is_err()
+    );
+    // a's id again, with a digest of its own.
+    let mut same_id = key_record("key_a", "t2", T0 + 3);
+    same_id.digest = "digest-other".to_owned();
+    assert!(
+        s.create_key(&same_id, &audit("create", &same_id, T0 + 3))
+            .await
+            .is_err()
+    );
+    // Nothing of either was written: no key, no budget, no audit entry.
+    assert_eq!(s.keys_version().await.unwrap(), before);
+    assert_eq!(s.key("key_c").await.unwrap(), None);
+    assert_eq!(s.budget("key:key_c", T0 + 4).await.unwrap(), None);
+    assert_eq!(s.audit_log(None, 10).await.unwrap().len(), 2);
+
+    // A rotation to another key's digest is refused too.
+    assert!(
+        s.rotate_key(
+            "key_b",
+            &a.digest,
+            "h",
+            T0 + 5,
+            &audit("rotate", &b, T0 + 5)
+        )
+        .await
+        .is_err()
+    );
+    assert_eq!(s.key("key_b").await.unwrap(), Some(b));
+    assert_eq!(s.keys_version().await.unwrap(), before);
+}
+
+async fn keys_version_ignores_touch(s: Arc<dyn Store>) {
+    assert_eq!(s.keys_version().await.unwrap(), (0, 0));
+    let a = key_record("key_a", "t1", T0);
+    let b = key_record("key_b", "t1", T0 + 1);
+    create_key(&*s, &a).await;
+    let mut seen = vec![s.keys_version().await.unwrap()];
+    create_key(&*s, &b).await;
+    seen.push(s.keys_version().await.unwrap());
+    s.update_key("key_a", &KeyChange::default(), &audit("update", &a, T0 + 2))
+        .await
+        .unwrap();
+    seen.push(s.keys_version().await.unwrap());
+    s.rotate_key(
+        "key_a",
+        "digest-2",
+        "h",
+        T0 + 3,
+        &audit("rotate", &a, T0 + 3),
+    )
+    .await
+    .unwrap();
+    seen.push(s.keys_version().await.unwrap());
+    s.revoke_key("key_b", T0 + 4, &audit("revoke", &b, T0 + 4))
+        .await
+        .unwrap();
+    seen.push(s.keys_version().await.unwrap());
+    assert_eq!(seen, vec![(1, 1), (2, 2), (2, 3), (2, 4), (2, 5)]);
+
+    // Uses are recorded without a version: the later time wins, per key,
+    // whatever the order; unknown keys are ignored.
+    let touched = |id: &str, t: i64| (id.to_owned(), t);
+    s.touch_keys(&[
+        touched("key_a", T0 + 20),
+        touched("key_a", T0 + 30),
+        touched("key_a", T0 + 10),
+        touched("key_b", T0 + 15),
+        touched("key_none", T0 + 15),
+    ])
+    .await
+    .unwrap();
+    s.touch_keys(&[touched("key_b", T0 + 5)]).await.unwrap();
+    s.touch_keys(&[]).await.unwrap();
+    assert_eq!(s.keys_version().await.unwrap(), (2, 5));
+    let a_now = s.key("key_a").await.unwrap().unwrap();
+    let b_now = s.key("key_b").await.unwrap().unwrap();
+    assert_eq!((a_now.last_used_at, a_now.version), (Some(T0 + 30), 3));
+    assert_eq!((b_now.last_used_at, b_now.version), (Some(T0 + 15), 2));
+}
+
+async fn key_audit_newest_first(s: Arc<dyn Store>) {
+    let a = key_record("key_a", "t1", T0);
+    let b = key_record("key_b", "t2", T0 + 1);
+    create_key(&*s, &a).await;
+    create_key(&*s, &b).await;
+    s.update_key(
+        "key_a",
+        &KeyChange {
+            rpm: Some(Some(10)),
+            ..KeyChange::default()
+        },
+        &audit("update", &a, T0 + 2),
+    )
+    .await
+    .unwrap();
+    s.rotate_key(
+        "key_a",
+        "digest-2",
+        "h",
+        T0 + 3,
+        &audit("rotate", &a, T0 + 3),
+    )
+    .await
+    .unwrap();
+    s.revoke_key("key_a", T0 + 4, &audit("revoke", &a, T0 + 4))
+        .await
+        .unwrap();
+
+    let of_a = s.audit_log(Some("key_a"), 10).await.unwrap();
+    assert_eq!(
+        of_a,
+        vec![
+            audit("revoke", &a, T0 + 4),
+            audit("rotate", &a, T0 + 3),
+            audit("update", &a, T0 + 2),
+            audit("create", &a, T0),
+        ]
+    );
+    let all: Vec<(String, String)> = s
+        .audit_log(None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.key_id, e.action))
+        .collect();
+    let pair = |k: &str, a: &str| (k.to_owned(), a.to_owned());
+    assert_eq!(
+        all,
+        vec![
+            pair("key_a", "revoke"),
+            pair("key_a", "rotate"),
+            pair("key_a", "update"),
+            pair("key_b", "create"),
+            pair("key_a", "create"),
+        ]
+    );
+    assert_eq!(s.audit_log(None, 2).await.unwrap().len(), 2);
+    assert_eq!(
+        s.audit_log(Some("key_b"), 10).await.unwrap(),
+        vec![audit("create", &b, T0 + 1)]
+    );
+}
+
+async fn grant_concurrent_never_exceeds_budget(s: Arc<dyn Store>) {
+    const UNIT: i64 = 100;
+    const CALLS: usize = 50;
+    const HOLDERS: usize = 5;
+    const LEASE: i64 = T0 + 60_000;
+    let scope = "tenant:t1";
+    s.set_budget(scope, Some(10 * UNIT), None, T0)
+        .await
+        .unwrap();
+    let barrier = Arc::new(Barrier::new(CALLS));
+    let tasks: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let (s, barrier) = (s.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let holder = format!("gw-{}", i % HOLDERS);
+                barrier.wait().await;
+                let granted = s.grant(scope, &holder, UNIT, 0, LEASE, T0).await.unwrap();
+                (holder, granted)
+            })
+        })
+        .collect();
+    let mut by_holder: HashMap<String, Vec<i64>> = HashMap::new();
+    for t in tasks {
+        let (holder, granted) = t.await.unwrap();
+        if let Some(amount) = granted {
+            by_holder.entry(holder).or_default().push(amount);
+        }
+    }
+    let granted: usize = by_holder.values().map(Vec::len).sum();
+    assert_eq!(granted, 10, "exactly the budget is granted: {by_holder:?}");
+    // Each holder's grants come back as its running total: 1, 2, ... units.
+    let mut total = 0;
+    for amounts in by_holder.values_mut() {
+        amounts.sort_unstable();
+        let expected: Vec<i64> = (1..=amounts.len() as i64).map(|n| n * UNIT).collect();
+        assert_eq!(*amounts, expected);
+        total += amounts.last().copied().unwrap_or(0);
+    }
+    assert_eq!(total, 10 * UNIT);
+    assert_eq!(budget(&*s, scope, T0).await.reserved_nanos, 10 * UNIT);
+    assert_eq!(
+        s.grant(scope, "gw-new", 1, 0, LEASE, T0).await.unwrap(),
+        None
+    );
+
+    // Four calls settle for less than they reserved: what they did not
+    // spend is free again, for anyone.
+    let holders: Vec<String> = by_holder.keys().cloned().collect();
+    for i in 0..4 {
+        let holder = &holders[i % holders.len()];
+        s.settle(scope, holder, UNIT, 40, T0 + 1).await.unwrap();
+    }
+    let b = budget(&*s, scope, T0 + 1).await;
+    assert_eq!(
+        (b.spent_nanos, b.total_nanos, b.calls, b.reserved_nanos),
+        (160, 160, 4, 6 * UNIT)
+    );
+    // 1000 - 160 - 600 = 240 left: two more units, not three.
+    assert!(
+        s.grant(scope, "gw-new", UNIT, 0, LEASE, T0 + 2)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        s.grant(scope, "gw-0", UNIT, 0, LEASE, T0 + 2)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        s.grant(scope, "gw-1", UNIT, 0, LEASE, T0 + 2)
+            .await
+            .unwrap(),
+        None
+    );
+    // A call that cost more than it reserved is counted in full.
+    s.settle(scope, "gw-new", UNIT, 150, T0 + 3).await.unwrap();
+    let b = budget(&*s, scope, T0 + 3).await;
+    assert_eq!(
+        (b.spent_nanos, b.calls, b.reserved_nanos),
+        (310, 5, 7 * UNIT)
+    );
+}
+
+async fn grant_leases_extra_and_release(s: Arc<dyn Store>) {
+    let scope = "key:key_a";
+    s.set_budget(scope, Some(1_000), None, T0).await.unwrap();
+    // At most need + extra, as much of the extra as is left.
+    assert_eq!(
+        s.grant(scope, "gw-a", 100, 500, T0 + 1_000, T0)
+            .await
+            .unwrap(),
+        Some(600)
+    );
+    assert_eq!(
+        s.grant(scope, "gw-b", 300, 500, T0 + 60_000, T0)
+            .await
+            .unwrap(),
+        Some(400)
+    );
+    assert_eq!(
+        s.grant(scope, "gw-b", 1, 0, T0 + 60_000, T0).await.unwrap(),
+        None
+    );
+    assert_eq!(budget(&*s, scope, T0).await.reserved_nanos, 1_000);
+
+    // gw-a's lease lapses: its grant no longer counts for others, even
+    // before it is removed.
+    let later = T0 + 2_000;
+    assert_eq!(budget(&*s, scope, later).await.reserved_nanos, 400);
+    assert_eq!(
+        s.grant(scope, "gw-b", 100, 0, T0 + 60_000, later)
+            .await
+            .unwrap(),
+        Some(500)
+    );
+    // ... but it still counts for gw-a itself: 1000 - 500 - 600 < 100.
+    assert_eq!(
+        s.grant(scope, "gw-a", 100, 0, T0 + 60_000, later)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(s.expire_grants(later).await.unwrap(), 1);
+    assert_eq!(s.expire_grants(later).await.unwrap(), 0);
+    assert_eq!(
+        s.grant(scope, "gw-a", 100, 1_000, T0 + 60_000, later)
+            .await
+            .unwrap(),
+        Some(500)
+    );
+    assert_eq!(budget(&*s, scope, later).await.reserved_nanos, 1_000);
+
+    // A release gives back part of a grant; a grant given back in full is
+    // gone.
+    s.release(scope, "gw-a", 200).await.unwrap();
+    assert_eq!(budget(&*s, scope, later).await.reserved_nanos, 800);
+    s.release(scope, "gw-a", 1_000).await.unwrap();
+    assert_eq!(budget(&*s, scope, later).await.reserved_nanos, 500);
+    // Renewal: every live grant of the holder, and only its; a grant whose
+    // lease ended is not revived (its room may be someone else's now).
+    assert_eq!(
+        s.renew_grants("gw-b", later, T0 + 120_000).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        s.renew_grants("gw-a", later, T0 + 120_000).await.unwrap(),
+        0
+    );
+    let other = "key:key_b";
+    s.set_budget(other, Some(1_000), None, T0).await.unwrap();
+    assert!(
+        s.grant(other, "gw-c", 10, 0, T0 + 10, T0)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        s.renew_grants("gw-c", T0 + 11, T0 + 60_000).await.unwrap(),
+        0
+    );
+    assert_eq!(budget(&*s, other, T0 + 11).await.reserved_nanos, 0);
+    assert_eq!(s.expire_grants(T0 + 11).await.unwrap(), 1);
+    assert_eq!(s.expire_grants(T0 + 100_000).await.unwrap(), 0);
+    assert_eq!(budget(&*s, scope, T0 + 100_000).await.reserved_nanos, 500);
+    assert_eq!(s.expire_grants(T0 + 120_000).await.unwrap(), 1);
+    assert_eq!(budget(&*s, scope, T0 + 100_000).await.reserved_nanos, 0);
+}
+
+async fn grant_period_rollover(s: Arc<dyn Store>) {
+    let scope = "tenant:t1";
+    let lease = T0 + 10 * DAY;
+    s.set_budget(scope, Some(1_000), Some(DAY), T0)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.grant(scope, "gw", 600, 0, lease, T0).await.unwrap(),
+        Some(600)
+    );
+    s.settle(scope, "gw", 600, 600, T0 + 10).await.unwrap();
+    assert_eq!(
+        s.grant(scope, "gw", 500, 0, lease, T0 + 20).await.unwrap(),
+        None
+    );
+
+    // The next day reads as a new period, without a write.
+    let next = budget(&*s, scope, T0 + DAY).await;
+    assert_eq!((next.period_start, next.spent_nanos), (T0 + DAY, 0));
+    assert_eq!((next.total_nanos, next.calls), (600, 1));
+    let stored = budget(&*s, scope, T0 + 20).await;
+    assert_eq!((stored.period_start, stored.spent_nanos), (T0, 600));
+
+    // Two days and a bit later a reservation moves the period on by whole
+    // days: spend from 0, the total kept.
+    let day3 = T0 + 2 * DAY + 5;
+    assert_eq!(
+        s.grant(scope, "gw", 500, 0, lease, day3).await.unwrap(),
+        Some(500)
+    );
+    let b = budget(&*s, scope, day3).await;
+    assert_eq!(
+        (
+            b.period_start,
+            b.spent_nanos,
+            b.total_nanos,
+            b.calls,
+            b.reserved_nanos
+        ),
+        (T0 + 2 * DAY, 0, 600, 1, 500)
+    );
+    // A settlement moves it on too.
+    s.settle(scope, "gw", 500, 100, T0 + 3 * DAY + 1)
+        .await
+        .unwrap();
+    let b = budget(&*s, scope, T0 + 3 * DAY + 2).await;
+    assert_eq!(
+        (
+            b.period_start,
+            b.spent_nanos,
+            b.total_nanos,
+            b.calls,
+            b.reserved_nanos
+        ),
+        (T0 + 3 * DAY, 100, 700, 2, 0)
+    );
+
+    // A new limit and period keep the spend.
+    s.set_budget(scope, Some(5_000), Some(7 * DAY), T0 + 3 * DAY + 3)
+        .await
+        .unwrap();
+    let b = budget(&*s, scope, T0 + 3 * DAY + 4).await;
+    assert_eq!(
+        (
+            b.limit_nanos,
+            b.period_ms,
+            b.period_start,
+            b.spent_nanos,
+            b.total_nanos
+        ),
+        (Some(5_000), Some(7 * DAY), T0 + 3 * DAY, 100, 700)
+    );
+}
+
+async fn grant_unlimited_and_settle_without_row(s: Arc<dyn Store>) {
+    let lease = T0 + 60_000;
+    // No budget row: no budget, and nothing written.
+    for _ in 0..2 {
+        assert_eq!(
+            s.grant("key:free", "gw", 1_000_000, 5, lease, T0)
+                .await
+                .unwrap(),
+            Some(1_000_005)
+        );
+    }
+    assert_eq!(s.budget("key:free", T0).await.unwrap(), None);
+    assert_eq!(s.budgets(T0).await.unwrap(), vec![]);
+
+    // A settlement creates the row, without a limit, and counts the spend.
+    s.settle("key:free", "gw", 1_000_005, 70, T0 + 1)
+        .await
+        .unwrap();
+    s.settle("key:free", "gw", 0, 30, T0 + 2).await.unwrap();
+    assert_eq!(
+        budget(&*s, "key:free", T0 + 3).await,
+        BudgetRecord {
+            scope: "key:free".to_owned(),
+            limit_nanos: None,
+            period_ms: None,
+            period_start: T0 + 1,
+            spent_nanos: 100,
+            total_nanos: 100,
+            calls: 2,
+            reserved_nanos: 0,
+        }
+    );
+
+    // A row without a limit grants whatever is asked, and records it.
+    s.set_budget("tenant:t1", None, Some(DAY), T0)
+        .await
+        .unwrap();
+    s.settle("tenant:t1", "gw", 0, i64::MAX / 4, T0)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.grant("tenant:t1", "gw", 1_000, 500, lease, T0)
+            .await
+            .unwrap(),
+        Some(1_500)
+    );
+    assert_eq!(
+        s.grant("tenant:t1", "gw", 1_000, 0, lease, T0)
+            .await
+            .unwrap(),
+        Some(2_500)
+    );
+    assert_eq!(budget(&*s, "tenant:t1", T0).await.reserved_nanos, 2_500);
+    let scopes: Vec<String> = s
+        .budgets(T0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.scope)
+        .collect();
+    assert_eq!(scopes, ["key:free", "tenant:t1"]);
 }

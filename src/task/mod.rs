@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 
 use crate::answer::{Answer, Verdict};
+use crate::budgets::Payer;
 use crate::certification::failover::{NoTarget, Walk};
 use crate::fingerprint::Fingerprint;
 use crate::flight::{Ask, Coalescer, Delivery, FlightError, RequestBody, Source, Wire, reported};
@@ -77,6 +78,9 @@ pub struct Task<'a> {
     /// The span of the request (or job attempt) the task is for, when
     /// traces are on.
     pub trace: Option<&'a Trace>,
+    /// Who pays for a call the task leads (its key and tenant), when
+    /// either has a budget or its spend is counted.
+    pub payer: Option<&'a Payer>,
 }
 
 impl Task<'_> {
@@ -99,6 +103,7 @@ impl Task<'_> {
             max_wait: None,
             call_timeout: None,
             trace: self.trace,
+            payer: self.payer,
         }
     }
 }

@@ -10,6 +10,7 @@
 
 mod analyze;
 mod bounds;
+mod budgets;
 mod coalescing;
 mod contracts;
 mod dashboard;
@@ -22,6 +23,7 @@ mod gateway;
 mod helpers;
 mod hostile;
 mod jobs;
+mod keys;
 mod native;
 mod ops;
 mod patterns;

@@ -17,7 +17,7 @@
 //   IDEM_BIN                 the idem binary (default: ../../target/debug/idem)
 //   CHROMIUM                 the browser (default: /usr/bin/chromium)
 //   IDEM_UI_REDIS            a Redis URL: coalesce through Redis (the page then shows it)
-//   IDEM_UI_SCREENSHOT_DIR   where dashboard.png, dashboard-narrow.png and job.png go
+//   IDEM_UI_SCREENSHOT_DIR   where dashboard.png, dashboard-narrow.png, job.png and keys.png go
 //                            (default: ../../target/ui-test)
 //
 // Run: `npm ci && npm test` in this folder (.ci/ui-test does it all).
@@ -807,6 +807,133 @@ test('the coalescing backend and Redis status are shown', async () => {
   assert.equal(await figure('redis-errors'), 0);
   const tenants = await page.locator('#tenants tbody tr').count();
   assert.equal(tenants, 2);
+});
+
+test('the keys page: budgets, states, a key made and revoked on the page', async () => {
+  // Two keys through the admin API: one with a budget, one without, revoked.
+  const budgeted = `ci-budget-${RUN}`;
+  const plain = `no-budget-${RUN}`;
+  const a = await http('POST', '/v1/admin/keys', {
+    key: ADMIN, body: { tenant: 'acme', name: budgeted, budget_usd: 5, budget_period: '30d', rpm: 60 },
+  });
+  assert.equal(a.status, 201, a.text);
+  assert.equal(typeof a.json.key, 'string', 'the secret is in the answer to the creation');
+  assert.equal(a.json.budget.limit_usd, 5);
+  const b = await http('POST', '/v1/admin/keys', { key: ADMIN, body: { tenant: 'acme', name: plain } });
+  assert.equal(b.status, 201, b.text);
+  assert.equal(b.json.budget.limit_usd, null);
+  const revoked = await http('POST', `/v1/admin/keys/${b.json.id}/revoke`, { key: ADMIN });
+  assert.equal(revoked.status, 200, revoked.text);
+  assert.equal(revoked.json.state, 'revoked');
+  // The keys endpoint is the admin's only.
+  assert.equal((await http('GET', '/v1/admin/keys')).status, 401);
+  assert.equal((await http('GET', '/v1/admin/keys', { key: ACME })).status, 403);
+
+  // The page: reached from the header's link, like the other views.
+  await page.goto(base + '/ui#/');
+  await page.locator('#dashboard').waitFor({ state: 'visible' });
+  await page.click('#nav-keys');
+  await page.locator('#keys-page').waitFor({ state: 'visible' });
+  assert.ok(page.url().endsWith('#/keys'), page.url());
+  assert.ok(await page.locator('#dashboard').isHidden());
+  assert.ok(await page.locator('#nav-keys').evaluate((n) => n.classList.contains('current')));
+  const row = (id) => page.locator(`#keys tr[data-key-id="${id}"]`);
+  await until('both keys are listed', async () => ({
+    ok: await row(a.json.id).count() === 1 && await row(b.json.id).count() === 1,
+  }));
+
+  // The first: its name, active, $0 spent of its $5.00 budget per 30 days.
+  const first = row(a.json.id);
+  assert.equal(await first.locator('.name').textContent(), budgeted);
+  assert.equal(await first.locator('.tenant').textContent(), 'acme');
+  assert.equal(await first.locator('.hint-cell').textContent(), a.json.hint);
+  assert.equal(await first.locator('.state').getAttribute('data-state'), 'active');
+  assert.equal((await first.locator('.state').textContent()).trim(), 'active');
+  assert.equal(await first.locator('.budget').getAttribute('data-limit'), '5');
+  assert.equal(await first.locator('.budget .limit-usd').textContent(), '$5.00');
+  assert.match(await first.locator('.budget').textContent(), /\$0\.00 of \$5\.00 \/ 30d/);
+  assert.equal(await first.locator('.budget .spend-bar').count(), 1, 'a bar of the spend against the budget');
+  assert.match(await first.locator('.limits').textContent(), /60 rpm/);
+  assert.ok(!await first.evaluate((n) => n.classList.contains('key-revoked')), 'an active key is not greyed');
+  assert.equal(await first.locator('button.revoke').count(), 1);
+
+  // The second: greyed, revoked, no budget, nothing left to revoke.
+  const second = row(b.json.id);
+  assert.equal(await second.locator('.name').textContent(), plain);
+  assert.ok(await second.evaluate((n) => n.classList.contains('key-revoked')), 'a revoked key is greyed');
+  assert.equal(await second.locator('.state').getAttribute('data-state'), 'revoked');
+  assert.match(await second.locator('.state').textContent(), /revoked/);
+  assert.equal(await second.locator('.budget').getAttribute('data-limit'), '');
+  assert.match(await second.locator('.budget').textContent(), /no budget/);
+  assert.equal(await second.locator('.spend-bar').count(), 0);
+  assert.equal(await second.locator('button.revoke').count(), 0);
+  const color = (loc) => loc.locator('.name').evaluate((n) => getComputedStyle(n).color);
+  assert.notEqual(await color(second), await color(first), 'the revoked row is drawn grey');
+
+  // A key made with the page's form: its secret is shown once, and works.
+  const made = `from-the-page-${RUN}`;
+  await page.click('#key-create-panel summary');
+  await page.fill('#key-tenant', 'beta');
+  await page.fill('#key-name', made);
+  await page.fill('#key-budget', '2.5');
+  await page.selectOption('#key-period', '7d');
+  await page.click('#key-create-submit');
+  await page.locator('#key-secret-box').waitFor({ state: 'visible' });
+  const secret = await page.textContent('#key-secret');
+  assert.match(secret, /^sk-idem-/);
+  const madeId = await page.locator('#key-secret-box').getAttribute('data-key-id');
+  assert.equal(await page.textContent('#key-secret-for'), `beta / ${made}`);
+  const own = await http('GET', '/v1/key', { key: secret });
+  assert.equal(own.status, 200, own.text);
+  assert.equal(own.json.key.id, madeId);
+  await until('the new key is listed', async () => ({ ok: await row(madeId).count() === 1 }));
+  assert.equal(await row(madeId).locator('.name').textContent(), made);
+  assert.match(await row(madeId).locator('.budget').textContent(), /\$2\.50 \/ 7d/);
+  assert.equal(await page.inputValue('#key-name'), '', 'the form is emptied');
+  assert.ok(!(await page.evaluate(() => JSON.stringify({ ...sessionStorage, ...localStorage }))).includes(secret),
+    'the secret is kept nowhere');
+  // The gateway's refusal is shown, and no secret.
+  await page.fill('#key-tenant', 'no such tenant!');
+  await page.fill('#key-name', `refused-${RUN}`);
+  await page.click('#key-create-submit');
+  await page.locator('#key-create-error').waitFor({ state: 'visible' });
+  assert.match(await page.textContent('#key-create-error'), /not created: `tenant`: names are/);
+  assert.ok(await page.locator('#key-secret-box').isHidden());
+
+  // Revoking asks first: dismissed, nothing changes; accepted, the key is revoked.
+  let asked = '';
+  page.once('dialog', (d) => { asked = d.message(); d.dismiss(); });
+  await page.click(`#keys [data-testid="revoke-${madeId}"]`);
+  assert.match(asked, new RegExp(`Revoke the key "${made}"`));
+  await sleep(1500);
+  assert.equal(await row(madeId).getAttribute('data-state'), 'active');
+  page.once('dialog', (d) => d.accept());
+  await page.click(`#keys [data-testid="revoke-${madeId}"]`);
+  await until('the key made on the page is revoked', async () => ({
+    ok: await row(madeId).evaluate((n) => n.classList.contains('key-revoked')),
+  }));
+  assert.equal((await http('GET', `/v1/admin/keys/${madeId}`, { key: ADMIN })).json.state, 'revoked');
+  assert.equal((await http('GET', '/v1/key', { key: secret })).status, 401, 'the revoked secret is refused');
+
+  // Narrow, the page fits.
+  await page.setViewportSize({ width: 400, height: 900 });
+  await nextPoll();
+  await noHorizontalOverflow('the keys page at 400 px');
+  await page.setViewportSize({ width: 1400, height: 1000 });
+
+  // Leaving the page forgets the secret.
+  await page.click('#nav-dashboard');
+  await page.locator('#dashboard').waitFor({ state: 'visible' });
+  assert.ok(await page.locator('#keys-page').isHidden());
+  assert.equal(await page.textContent('#key-secret'), '');
+  await page.goto(base + '/ui#/keys');
+  await page.locator('#keys-page').waitFor({ state: 'visible' });
+  assert.ok(await page.locator('#key-secret-box').isHidden());
+  await until('the keys are listed again', async () => ({ ok: await row(madeId).count() === 1 }));
+  mkdirSync(SHOTS, { recursive: true });
+  await page.screenshot({ path: path.join(SHOTS, 'keys.png'), fullPage: true });
+  await page.goto(base + '/ui#/');
+  await page.locator('#dashboard').waitFor({ state: 'visible' });
 });
 
 test('signing out forgets the key; nothing left this origin; no script errors', async () => {

@@ -1,0 +1,698 @@
+//! Keys of the store and their budgets (docs/design.md, "Keys and
+//! budgets"): managed through the admin API and `idem keys`, in force at
+//! once; rate limits, allowlists and expiry refuse before any work; a
+//! budget is reserved before a call, so concurrent requests cannot
+//! overspend it, and only calls idem made are charged.
+
+use std::time::Duration;
+
+use idem::config::ProviderKind;
+use idem::prices::{Price, Tokens};
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// A route `priced` on the primary mock at $1,000 per million tokens in
+/// and out: a token costs a millionth of a thousand dollars, 1,000,000
+/// nano-dollars, so that budgets are whole numbers of tokens.
+pub const PRICED: &str = r#"
+[[routes]]
+model = "priced"
+targets = [{ provider = "primary", model = "gpt-4o-mini", price = { input_per_mtok = 1000, output_per_mtok = 1000 } }]
+[[routes]]
+model = "unpriced"
+targets = [{ provider = "primary", model = "house-model-7" }]
+"#;
+
+pub fn price() -> Price {
+    Price::of_target(
+        Some(&idem::config::PriceConfig {
+            input_per_mtok: 1000.0,
+            output_per_mtok: 1000.0,
+            cached_input_per_mtok: None,
+        }),
+        ProviderKind::Openai,
+        "gpt-4o-mini",
+    )
+    .unwrap()
+}
+
+/// A distinct request of route `priced` (`i` below 1,000: every one the
+/// same length, so the same worst case).
+pub fn priced(i: usize) -> Value {
+    json!({"model": "priced", "messages": [{"role": "user", "content": format!("question {i:03}")}], "max_tokens": 50})
+}
+
+/// The most a request of [`priced`] can cost, in nano-dollars.
+pub fn worst(i: usize) -> i64 {
+    let body = priced(i);
+    idem::budgets::worst_case(&price(), body.as_object().unwrap(), false, 4096)
+}
+
+/// Nano-dollars as the `budget_usd` the API takes.
+pub fn usd(nanos: i64) -> f64 {
+    nanos as f64 / 1e9
+}
+
+/// What an answer's usage costs at [`price`], in nano-dollars.
+pub fn cost_of(answer: &Value) -> i64 {
+    let tokens = Tokens::of_usage(&answer["usage"]).expect("an answer with usage");
+    idem::budgets::real_cost(&price(), Some(&tokens), 0)
+}
+
+/// Makes a key through the admin API at `base`: (id, secret, view).
+pub async fn make_key(
+    client: &reqwest::Client,
+    base: &str,
+    spec: Value,
+) -> (String, String, Value) {
+    let r = client
+        .post(format!("{base}/v1/admin/keys"))
+        .bearer_auth(ADMIN)
+        .json(&spec)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{spec}");
+    let v: Value = r.json().await.unwrap();
+    (
+        v["id"].as_str().unwrap().to_string(),
+        v["key"].as_str().unwrap().to_string(),
+        v,
+    )
+}
+
+/// A key's view through the admin API.
+pub async fn key_view(client: &reqwest::Client, base: &str, id: &str) -> Value {
+    let r = client
+        .get(format!("{base}/v1/admin/keys/{id}"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+/// What the store says key `id` spent, in nano-dollars.
+pub async fn spent(client: &reqwest::Client, base: &str, id: &str) -> i64 {
+    let v = key_view(client, base, id).await;
+    (v["budget"]["spent_usd"].as_f64().unwrap() * 1e9).round() as i64
+}
+
+fn with_priced_routes() -> Spec {
+    Spec {
+        extra: PRICED.into(),
+        ..Spec::default()
+    }
+}
+
+#[tokio::test]
+async fn keys_are_managed_through_the_admin_api_audited_and_in_force_at_once() {
+    let app = TestApp::with(with_priced_routes()).await;
+    let c = &app.client;
+    let base = &app.base;
+    // Create: the secret is shown once, the view never shows it again.
+    let (id, secret, v) = make_key(
+        c,
+        base,
+        json!({"tenant": "acme", "name": "ci", "budget_usd": 5, "budget_period": "30d", "models": ["bot", "priced"], "metadata": {"team": "search"}}),
+    )
+    .await;
+    assert!(secret.starts_with("sk-idem-"), "{secret}");
+    assert_eq!(v["state"], "active");
+    assert_eq!(v["budget"]["limit_usd"], 5.0);
+    assert!(v["budget"]["resets_at"].is_string(), "{v}");
+    assert!(
+        v["hint"]
+            .as_str()
+            .unwrap()
+            .ends_with(&secret[secret.len() - 4..])
+    );
+    let shown = key_view(c, base, &id).await;
+    assert!(shown.get("key").is_none() && !shown.to_string().contains(&secret));
+    // The key works at once, as its tenant.
+    let r = app.chat(&secret, &chat_body("hello")).await;
+    assert_eq!(r.status(), 200);
+    let (status, mine) = app.get_json(&secret, "/v1/key").await;
+    assert_eq!(status, 200);
+    assert_eq!(mine["tenant"], "acme");
+    assert_eq!(mine["key"]["id"], id.as_str());
+    assert!(mine["key"].get("metadata").is_none(), "{mine}");
+    // Listed, by tenant too.
+    let (_, all) = app.get_json(ADMIN, "/v1/admin/keys").await;
+    assert!(
+        all["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k["id"] == id.as_str())
+    );
+    let (_, beta) = app.get_json(ADMIN, "/v1/admin/keys?tenant=beta").await;
+    assert!(beta["data"].as_array().unwrap().is_empty());
+    // Changed: null clears, the rest stays.
+    let r = c
+        .patch(app.url(&format!("/v1/admin/keys/{id}")))
+        .bearer_auth(ADMIN)
+        .json(&json!({"rpm": 100, "models": null}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["rpm"], 100);
+    assert_eq!(v["models"], Value::Null);
+    assert_eq!(v["budget"]["limit_usd"], 5.0);
+    // A mistake names its field; the tenant cannot change.
+    for bad in [
+        json!({"rpm": -1}),
+        json!({"tenant": "beta"}),
+        json!({"colour": "red"}),
+    ] {
+        let r = c
+            .patch(app.url(&format!("/v1/admin/keys/{id}")))
+            .bearer_auth(ADMIN)
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_error(r, 400, "invalid_key_field").await;
+    }
+    // Rotated: the old secret stops, the new one works, the spend stays.
+    let before = spent(c, base, &id).await;
+    let r = app
+        .post_json(
+            ADMIN,
+            &format!("/v1/admin/keys/{id}/rotate"),
+            &json!({}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let rotated: Value = r.json().await.unwrap();
+    let fresh = rotated["key"].as_str().unwrap().to_string();
+    assert_ne!(fresh, secret);
+    assert_eq!(rotated["id"], id.as_str());
+    let r = app.chat(&secret, &chat_body("hello")).await;
+    assert_error(r, 401, "invalid_api_key").await;
+    assert_eq!(app.chat(&fresh, &chat_body("again")).await.status(), 200);
+    assert!(spent(c, base, &id).await >= before);
+    // Revoked: refused with a message that says so.
+    let r = app
+        .post_json(
+            ADMIN,
+            &format!("/v1/admin/keys/{id}/revoke"),
+            &json!({}),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let r = app.chat(&fresh, &chat_body("hello")).await;
+    let e = assert_error(r, 401, "invalid_api_key").await;
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("revoked"),
+        "{e}"
+    );
+    assert_eq!(key_view(c, base, &id).await["state"], "revoked");
+    // A revoked key cannot be rotated back to life.
+    let r = app
+        .post_json(
+            ADMIN,
+            &format!("/v1/admin/keys/{id}/rotate"),
+            &json!({}),
+            &[],
+        )
+        .await;
+    assert_error(r, 409, "key_revoked").await;
+    // Audited: who, when, what, newest first.
+    let (_, audit) = app
+        .get_json(ADMIN, &format!("/v1/admin/keys/{id}/audit"))
+        .await;
+    let actions: Vec<&str> = audit["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["revoke", "rotate", "update", "create"]);
+    assert!(
+        audit["data"][0]["actor"]
+            .as_str()
+            .unwrap()
+            .starts_with("admin key sha256:")
+    );
+    assert_eq!(audit["data"][2]["change"]["rpm"], 100);
+    // Only the admin manages keys.
+    let r = app
+        .post_json(
+            ACME,
+            "/v1/admin/keys",
+            &json!({"tenant": "acme", "name": "x"}),
+            &[],
+        )
+        .await;
+    assert_error(r, 403, "admin_key_required").await;
+    let r = c.get(app.url("/v1/admin/keys")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test]
+async fn a_key_past_its_rate_limit_is_refused_before_the_provider_with_the_headers_clients_know() {
+    let app = TestApp::spawn().await;
+    let (_, secret, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "slow", "rpm": 2}),
+    )
+    .await;
+    for i in 0..2 {
+        assert_eq!(
+            app.chat(&secret, &chat_body(&format!("q{i}")))
+                .await
+                .status(),
+            200
+        );
+    }
+    let calls = app.calls();
+    let r = app.chat(&secret, &chat_body("one too many")).await;
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "0");
+    assert_error(r, 429, "rate_limit_exceeded").await;
+    assert_eq!(app.calls(), calls, "a limited request reached the provider");
+    // The tenant's other keys are not limited by this one's.
+    assert_eq!(
+        app.chat(ACME, &chat_body("the file's key")).await.status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_key_uses_only_its_models_and_an_expired_key_says_it_expired() {
+    let app = TestApp::with(with_priced_routes()).await;
+    let (_, secret, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "narrow", "models": ["priced"]}),
+    )
+    .await;
+    let calls = app.calls();
+    let e = assert_error(
+        app.chat(&secret, &chat_body("hi")).await,
+        403,
+        "model_not_allowed",
+    )
+    .await;
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("`priced`"),
+        "{e}"
+    );
+    assert_eq!(app.calls(), calls);
+    assert_eq!(app.chat(&secret, &priced(1)).await.status(), 200);
+    let (_, gone, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "old", "expires_at": "2001-01-01T00:00:00Z"}),
+    )
+    .await;
+    let e = assert_error(
+        app.chat(&gone, &chat_body("hi")).await,
+        401,
+        "invalid_api_key",
+    )
+    .await;
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("expired"),
+        "{e}"
+    );
+}
+
+/// The overspend test on one gateway: a budget of exactly ten worst
+/// cases, 200 distinct requests at once: ten calls, 190 refusals, and the
+/// spend within the budget; the answers cost less than their reservations,
+/// so once they are settled more calls fit, and still no overspend.
+#[tokio::test]
+async fn concurrent_requests_never_overspend_a_budget() {
+    let app = TestApp::with(Spec {
+        extra: PRICED.into(),
+        ..holding()
+    })
+    .await;
+    let w = worst(0);
+    let budget = 10 * w;
+    let (id, secret, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "capped", "budget_usd": usd(budget)}),
+    )
+    .await;
+    let fire = |from: usize, n: usize| {
+        (from..from + n)
+            .map(|i| {
+                let (c, url, key) = (
+                    app.client.clone(),
+                    app.url("/v1/chat/completions"),
+                    secret.clone(),
+                );
+                tokio::spawn(async move {
+                    let r = c
+                        .post(url)
+                        .bearer_auth(key)
+                        .json(&priced(i))
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = r.status().as_u16();
+                    (status, r.json::<Value>().await.unwrap())
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = fire(0, 200);
+    // Ten calls reach the provider and are held there; every other request
+    // is refused meanwhile, without a call.
+    held(&app.mock, 10).await;
+    let mut refused = 0;
+    eventually(Duration::from_secs(30), || {
+        first.iter().filter(|t| t.is_finished()).count() >= 190
+    })
+    .await;
+    assert_eq!(
+        app.calls(),
+        10,
+        "calls past the budget reached the provider"
+    );
+    release(&app.mock, None).await;
+    let mut cost = 0;
+    for (status, body) in collect(first).await {
+        match status {
+            200 => cost += cost_of(&body),
+            429 => {
+                assert_eq!(body["error"]["code"], "budget_exceeded", "{body}");
+                refused += 1;
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(refused, 190);
+    assert_eq!(spent(&app.client, &app.base, &id).await, cost);
+    assert!(cost <= budget && cost < 10 * w, "{cost} {budget}");
+    // What the answers did not cost is free again: nine more worst cases
+    // fit (not ten: ten answers cost something).
+    let second = fire(200, 100);
+    held(&app.mock, 9).await;
+    eventually(Duration::from_secs(30), || {
+        second.iter().filter(|t| t.is_finished()).count() >= 91
+    })
+    .await;
+    let calls = app.calls();
+    let fit = usize::try_from((budget - cost) / w).unwrap();
+    assert_eq!(calls, 10 + fit as u64, "after settlement");
+    release(&app.mock, None).await;
+    for (status, body) in collect(second).await {
+        if status == 200 {
+            cost += cost_of(&body);
+        } else {
+            assert_eq!(body["error"]["code"], "budget_exceeded", "{body}");
+        }
+    }
+    let after = spent(&app.client, &app.base, &id).await;
+    assert_eq!(after, cost);
+    assert!(after <= budget, "overspent: {after} > {budget}");
+}
+
+/// A wave of 500 identical requests from one key whose budget holds one
+/// call: one call, 500 answers, one call's spend.
+#[tokio::test]
+async fn a_wave_from_one_key_makes_one_call_and_is_charged_once() {
+    let app = TestApp::with(Spec {
+        extra: PRICED.into(),
+        ..holding()
+    })
+    .await;
+    let (id, secret, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "one-call", "budget_usd": usd(worst(7))}),
+    )
+    .await;
+    let tasks = wave(&app, &secret, &priced(7), 500).await;
+    held(&app.mock, 1).await;
+    app.until_followers(499).await;
+    release(&app.mock, None).await;
+    let results = collect(tasks).await;
+    let mut one = None;
+    for (status, _, body) in &results {
+        assert_eq!(*status, 200, "{body}");
+        one.get_or_insert_with(|| serde_json::from_str::<Value>(body).unwrap());
+    }
+    assert_eq!(app.calls(), 1);
+    assert_eq!(
+        spent(&app.client, &app.base, &id).await,
+        cost_of(&one.unwrap())
+    );
+    // The cache answers the next one: nothing more is spent.
+    let r = app.chat(&secret, &priced(7)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["idem-outcome"], "cache-hit");
+    assert_eq!(app.calls(), 1);
+}
+
+/// A key of another tenant's wave leads nothing: the tenant is in the
+/// fingerprint; a wave shared by two keys of one tenant charges the key
+/// that led, and a key whose budget refuses the call does not refuse its
+/// followers: one of them leads on its own budget.
+#[tokio::test]
+async fn a_shared_wave_charges_the_leader_and_a_refused_leader_does_not_refuse_its_followers() {
+    let app = TestApp::with(Spec {
+        extra: PRICED.into(),
+        ..holding()
+    })
+    .await;
+    let (broke_id, broke, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "broke", "budget_usd": 0}),
+    )
+    .await;
+    let (rich_id, rich, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "rich", "budget_usd": 10}),
+    )
+    .await;
+    // The rich key leads; the broke key follows and pays nothing.
+    let leader = wave(&app, &rich, &priced(1), 1).await;
+    held(&app.mock, 1).await;
+    let follower = wave(&app, &broke, &priced(1), 1).await;
+    app.until_followers(1).await;
+    release(&app.mock, None).await;
+    for (status, _, body) in collect(leader)
+        .await
+        .into_iter()
+        .chain(collect(follower).await)
+    {
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(spent(&app.client, &app.base, &broke_id).await, 0);
+    assert!(spent(&app.client, &app.base, &rich_id).await > 0);
+    // The broke key asks first: refused, and the rich key's identical
+    // request, which came while it was refused, leads on its own budget.
+    let spent_before = spent(&app.client, &app.base, &rich_id).await;
+    let broke_first = wave(&app, &broke, &priced(2), 20).await;
+    let rich_after = wave(&app, &rich, &priced(2), 20).await;
+    held(&app.mock, 1).await;
+    release(&app.mock, None).await;
+    for (status, _, body) in collect(broke_first).await {
+        // Each broke request either was refused or followed the rich
+        // key's call.
+        assert!(status == 429 || status == 200, "{status} {body}");
+        if status == 429 {
+            assert!(body.contains("budget_exceeded"), "{body}");
+        }
+    }
+    for (status, _, body) in collect(rich_after).await {
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(app.calls(), 2);
+    assert!(spent(&app.client, &app.base, &rich_id).await > spent_before);
+    assert_eq!(spent(&app.client, &app.base, &broke_id).await, 0);
+}
+
+#[tokio::test]
+async fn a_budgeted_key_on_a_target_without_a_price_is_refused_and_another_is_served() {
+    let app = TestApp::with(with_priced_routes()).await;
+    let (_, budgeted, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "b", "budget_usd": 1}),
+    )
+    .await;
+    let (_, free, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "f"}),
+    )
+    .await;
+    let body = json!({"model": "unpriced", "messages": [{"role": "user", "content": "hi"}]});
+    let calls = app.calls();
+    let e = assert_error(app.chat(&budgeted, &body).await, 403, "price_unknown").await;
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("house-model-7"),
+        "{e}"
+    );
+    assert_eq!(app.calls(), calls);
+    assert_eq!(app.chat(&free, &body).await.status(), 200);
+}
+
+/// A tenant's budget is shared by all its keys, the file's and the
+/// store's.
+#[tokio::test]
+async fn a_tenant_budget_is_shared_by_every_key_of_the_tenant() {
+    let w = worst(3);
+    let app = TestApp::with(Spec {
+        extra: PRICED.into(),
+        acme: format!("budget_usd = {}\n", usd(w)),
+        ..holding()
+    })
+    .await;
+    let (_, secret, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "k"}),
+    )
+    .await;
+    // The file's key takes the whole budget with one call in progress.
+    let first = wave(&app, ACME, &priced(3), 1).await;
+    held(&app.mock, 1).await;
+    let e = assert_error(app.chat(&secret, &priced(4)).await, 429, "budget_exceeded").await;
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tenant acme"),
+        "{e}"
+    );
+    // Another tenant has its own.
+    release(&app.mock, None).await;
+    assert_eq!(collect(first).await[0].0, 200);
+    let (_, stats) = app.get_json(ADMIN, "/v1/stats").await;
+    let acme = stats["budgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["tenant"] == "acme" && b["key"].is_null())
+        .cloned()
+        .unwrap();
+    assert!(acme["spent_usd"].as_f64().unwrap() > 0.0, "{stats}");
+    let text = app.metrics().await;
+    assert!(
+        text.contains("idem_budget_limit_dollars{tenant=\"acme\",key=\"\",name=\"\"}"),
+        "{text}"
+    );
+}
+
+/// `idem keys` manages the keys of the store its config names while a
+/// gateway serves from it: a key created, limited, rotated and revoked
+/// from the command line is in force within a second.
+#[tokio::test]
+async fn the_cli_manages_keys_while_the_gateway_serves() {
+    let mocks = start_mocks(&Spec::default()).await;
+    let (proc, dir) = Proc::start_default(&mocks).await;
+    let config = dir.join("idem.toml");
+    let idem = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .arg("keys")
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .env_remove("IDEM_CONFIG")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "idem keys {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let made = idem(&[
+        "create",
+        "--tenant",
+        "acme",
+        "--name",
+        "from-cli",
+        "--budget-usd",
+        "2",
+        "--budget-period",
+        "7d",
+        "--rpm",
+        "50",
+    ]);
+    let id = made["id"].as_str().unwrap().to_string();
+    let secret = made["key"].as_str().unwrap().to_string();
+    assert_eq!(made["rpm"], 50);
+    let c = client();
+    let chat = |key: String| {
+        let (c, url) = (c.clone(), format!("{}/v1/chat/completions", proc.base));
+        async move {
+            c.post(url)
+                .bearer_auth(key)
+                .json(&chat_body("from the cli"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while chat(secret.clone()).await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CLI's key was not in force within 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let list = idem(&["list", "--tenant", "acme"]);
+    assert_eq!(list["data"][0]["id"], id.as_str());
+    let updated = idem(&["update", &id, "--rpm", "1", "--clear", "budget_period"]);
+    assert_eq!(updated["rpm"], 1);
+    assert_eq!(updated["budget"]["period"], Value::Null);
+    let rotated = idem(&["rotate", &id]);
+    let fresh = rotated["key"].as_str().unwrap().to_string();
+    idem(&["revoke", &id]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while chat(fresh.clone()).await != 401 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the revocation was not in force within 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let shown = idem(&["show", &id]);
+    assert_eq!(shown["state"], "revoked");
+    let audit = idem(&["audit", &id]);
+    let actions: Vec<&str> = audit["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["revoke", "rotate", "update", "create"]);
+    assert!(
+        audit["data"][0]["actor"]
+            .as_str()
+            .unwrap()
+            .starts_with("cli (")
+    );
+    drop(proc);
+    let _ = std::fs::remove_dir_all(&dir);
+}
