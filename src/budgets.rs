@@ -120,6 +120,44 @@ pub struct Payer {
 }
 
 impl Payer {
+    /// Who pays for the calls of `tenant`'s requests made with `key` (a
+    /// key of the store; none: the configuration's): the key, limited by
+    /// its budget or only counted, and the tenant when `tenant_budget`;
+    /// none when neither.
+    pub fn of(
+        ledger: &Arc<Ledger>,
+        tenant: &str,
+        key: Option<Arc<Key>>,
+        tenant_budget: bool,
+        config: &crate::config::BudgetsConfig,
+    ) -> Option<Payer> {
+        let mut spenders = Vec::new();
+        if let Some(key) = &key {
+            spenders.push(Spender {
+                scope: key.scope(),
+                limited: key.record.budget_nanos.is_some(),
+                who: format!("key \"{}\" of tenant {tenant}", key.record.name),
+            });
+        }
+        if tenant_budget {
+            spenders.push(Spender {
+                scope: format!("tenant:{tenant}"),
+                limited: true,
+                who: format!("tenant {tenant}"),
+            });
+        }
+        if spenders.is_empty() {
+            return None;
+        }
+        Some(Payer {
+            ledger: ledger.clone(),
+            spenders,
+            key,
+            default_output: config.default_max_output_tokens,
+            unpriced: config.unpriced,
+        })
+    }
+
     /// The reservation of a call to a target of price `price` (none:
     /// unknown) for `request`, or why the call may not be made.
     pub async fn reserve(
@@ -394,6 +432,11 @@ impl Reservation {
 }
 
 impl Reservation {
+    /// The key whose tokens per minute the call counts against.
+    pub fn key(&self) -> Option<&Arc<Key>> {
+        self.key.as_ref()
+    }
+
     /// One reservation for two (the tasks of one call).
     pub fn join(mut self, mut other: Reservation) -> Reservation {
         self.amount += other.amount;

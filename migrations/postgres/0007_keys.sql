@@ -72,3 +72,8 @@ CREATE TABLE key_audit (
 CREATE INDEX key_audit_key_at ON key_audit (key_id, at);
 -- The log of every key, newest first.
 CREATE INDEX key_audit_at ON key_audit (at);
+
+-- The store's key a job was created with (null: a key of the
+-- configuration file): its attempts' calls are charged to that key's
+-- budget as the request's would have been.
+ALTER TABLE jobs ADD COLUMN key_id TEXT;

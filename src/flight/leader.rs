@@ -111,6 +111,9 @@ pub struct Call {
     /// call's real cost once its answer is in, released (dropped) if no
     /// call is made (another replica's flight or cache answered).
     pub reservation: std::sync::Mutex<Option<crate::budgets::Reservation>>,
+    /// Where a key's tokens per minute are counted for every replica
+    /// (Redis, when the gateway has it).
+    pub rate_windows: Option<Arc<RedisFlights>>,
 }
 
 impl Call {
@@ -320,6 +323,15 @@ async fn call_and_settle(call: &Call, led: Vec<Led>) {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         if let Some(r) = reservation {
+            if let (Some(shared), Some(key), Some(t)) = (&call.rate_windows, r.key(), &tokens)
+                && key.tokens.is_some()
+            {
+                let minute = u64::try_from(crate::store::now_ms()).unwrap_or(0) / 60_000;
+                let n = t.input.saturating_add(t.output);
+                let _ = shared
+                    .count_window(&format!("tpm:{}", key.id), minute, n)
+                    .await;
+            }
             // A failure costs nothing (providers bill answers); an unknown
             // price, nothing either (`budgets.unpriced` let it through).
             let cost = match &t.price {
@@ -908,6 +920,7 @@ mod tests {
             trace: None,
             forwarded: Forwarded::default(),
             reservation: std::sync::Mutex::new(None),
+            rate_windows: None,
         };
         let led = [Led {
             ticket,

@@ -582,6 +582,7 @@ impl Coalescer {
                 metrics: self.metrics.clone(),
                 trace: ask.trace.cloned(),
                 reservation: std::sync::Mutex::new(reservation),
+                rate_windows: self.shared.get().cloned(),
             },
             shared: self.shared.clone(),
         };

@@ -450,6 +450,33 @@ impl RedisFlights {
         format!("{}:{{{}}}:{what}", self.prefix, key.fp.to_hex())
     }
 
+    /// Adds `n` to the one-minute window `name` of minute `minute` (a
+    /// count every replica shares: a key's requests or tokens per minute)
+    /// and returns the window's count after it; the window expires two
+    /// minutes later. `n = 0` reads it.
+    pub async fn count_window(&self, name: &str, minute: u64, n: u64) -> Result<u64, SharedError> {
+        let key = format!("{}:{{rl:{name}}}:{minute}", self.prefix);
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        pipe.cmd("INCRBY")
+            .arg(&key)
+            .arg(n)
+            .cmd("EXPIRE")
+            .arg(&key)
+            .arg(120)
+            .ignore();
+        let r =
+            match tokio::time::timeout(self.timeout, pipe.query_async::<(u64,)>(&mut conn)).await {
+                Ok(r) => r.map(|(count,)| count).map_err(SharedError::from),
+                Err(_) => Err(SharedError::Timeout(self.timeout)),
+            };
+        match &r {
+            Ok(_) => self.healthy.store(true, Ordering::Relaxed),
+            Err(e) => self.failed("rate window", e),
+        }
+        r
+    }
+
     fn target_key(&self, key: &FlightKey, what: &str) -> String {
         format!(
             "{}:{{{}}}:{what}:{}",

@@ -83,7 +83,9 @@ async fn handle(
         tenant: None,
         route: None,
     };
-    let caller = Caller::admit(headers, app).map_err(|e| known.refused(e))?;
+    let caller = Caller::admit(headers, app)
+        .await
+        .map_err(|e| known.refused(e))?;
     let tenant = caller.tenant().map_err(|e| known.refused(e))?;
     known.tenant = Some(&tenant);
     let (bytes, share) = app

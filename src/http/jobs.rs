@@ -114,6 +114,7 @@ pub async fn create(
         &headers,
         &forwarded,
     )?;
+    caller.may_use(&route)?;
     let intent = Intent {
         asked: &req.body,
         request: &req.body,
@@ -121,6 +122,7 @@ pub async fn create(
         forwarded: &forwarded,
         fp: &fp,
         metadata: metadata.as_ref(),
+        key_id: caller.key.as_ref().map(|k| &*k.id),
     };
     let created = app.jobs.create(&tenant, &route, intent, &key).await?;
     let status = if created.new {
@@ -180,6 +182,8 @@ pub struct Asking {
     pub forwarded: Forwarded,
     pub responses: Option<Box<ResponsesAsk>>,
     pub fp: Fingerprint,
+    /// The store's key the request came with (its budget pays).
+    pub key_id: Option<Arc<str>>,
 }
 
 /// `POST /v1/chat/completions` (or another face of the chat path) with an
@@ -202,6 +206,7 @@ pub async fn chat(
         forwarded,
         responses,
         fp,
+        key_id,
     } = asking;
     let intent = Intent {
         asked: &req.body,
@@ -210,6 +215,7 @@ pub async fn chat(
         forwarded: &forwarded,
         fp: &fp,
         metadata: None,
+        key_id: key_id.as_deref(),
     };
     let created = app.jobs.create(tenant, route, intent, &key).await?;
     let replayed = !created.new && created.job.state == JobState::Succeeded;

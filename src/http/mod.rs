@@ -83,6 +83,13 @@ impl crate::jobs::JobEnv for Shared {
     fn core(&self) -> &Core {
         &self.core
     }
+    fn payer(&self, tenant: &str, key_id: Option<&str>) -> Option<crate::budgets::Payer> {
+        let live = self.live.load();
+        // A key revoked since the job was made still pays for its calls.
+        let key = key_id.and_then(|id| self.keys.by_id(id));
+        let budgeted = live.keyring.limits(tenant).is_some_and(|l| l.budgeted);
+        crate::budgets::Payer::of(&self.ledger, tenant, key, budgeted, &live.config.budgets)
+    }
 }
 
 #[derive(Clone)]
@@ -120,16 +127,16 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        Caller::admit(&parts.headers, state)
+        Caller::admit(&parts.headers, state).await
     }
 }
 
 impl Caller {
     /// Authenticates the request's key, then spends a token of its tenant's
     /// rate limit and of its key's, before any work is done for it.
-    pub fn admit(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
+    pub async fn admit(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
         let caller = Caller::authenticate(headers, state)?;
-        caller.limit(state)?;
+        caller.limit(state).await?;
         Ok(caller)
     }
 
@@ -197,8 +204,16 @@ impl Caller {
 
     /// Spends a token of the caller's rate limits (a tenant's, then its
     /// key's requests per minute; admins have none), and checks its key's
-    /// tokens per minute: 429 when one is spent.
-    pub fn limit(&self, state: &AppState) -> Result<(), ApiError> {
+    /// tokens per minute: 429 when one is spent. A key's windows are
+    /// shared by every replica through Redis when the gateway has it, else
+    /// kept by each process (docs/operations.md, "Budgets and limits").
+    pub async fn limit(&self, state: &AppState) -> Result<(), ApiError> {
+        self.limit_tenant(state)?;
+        self.limit_key(state).await
+    }
+
+    /// The tenant's token bucket (in this process, no waiting).
+    pub fn limit_tenant(&self, state: &AppState) -> Result<(), ApiError> {
         if let Principal::Tenant(t) = &self.who
             && let Some(limits) = self.live.keyring.limits(t)
             && let Err(wait) = limits.admit()
@@ -208,37 +223,51 @@ impl Caller {
                 retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
             });
         }
-        if let Some(key) = &self.key {
-            let now = crate::store::now_ms();
-            let tokens_left = key.tokens.as_ref().map(|w| w.remaining(now));
-            if let Some(w) = &key.requests
-                && let Err(retry_after) = w.take(1, now)
-            {
-                state.metrics.rate_limited();
-                return Err(ApiError::KeyRateLimited {
-                    message: format!(
-                        "this key's limit of {} requests per minute is spent; retry in {retry_after} s",
-                        w.limit
-                    ),
-                    retry_after,
-                    remaining_requests: Some(0),
-                    remaining_tokens: tokens_left,
-                });
+        Ok(())
+    }
+
+    /// The key's requests and tokens per minute (a key of the store with
+    /// limits; nothing to do for the others).
+    pub async fn limit_key(&self, state: &AppState) -> Result<(), ApiError> {
+        let Some(key) = &self.key else {
+            return Ok(());
+        };
+        let now = crate::store::now_ms();
+        let mut left_requests = None;
+        if let Some(w) = &key.requests {
+            match window(state, &key.id, "rpm", w, 1, now).await {
+                Ok(left) => left_requests = Some(left),
+                Err(retry_after) => {
+                    state.metrics.rate_limited();
+                    let left_tokens = match &key.tokens {
+                        Some(t) => window(state, &key.id, "tpm", t, 0, now).await.ok(),
+                        None => None,
+                    };
+                    return Err(ApiError::KeyRateLimited {
+                        message: format!(
+                            "this key's limit of {} requests per minute is spent; retry in {retry_after} s",
+                            w.limit
+                        ),
+                        retry_after,
+                        remaining_requests: Some(0),
+                        remaining_tokens: left_tokens,
+                    });
+                }
             }
-            if let Some(w) = &key.tokens
-                && let Err(retry_after) = w.take(0, now)
-            {
-                state.metrics.rate_limited();
-                return Err(ApiError::KeyRateLimited {
-                    message: format!(
-                        "this key's limit of {} tokens per minute is spent; retry in {retry_after} s",
-                        w.limit
-                    ),
-                    retry_after,
-                    remaining_requests: key.requests.as_ref().map(|w| w.remaining(now)),
-                    remaining_tokens: Some(0),
-                });
-            }
+        }
+        if let Some(w) = &key.tokens
+            && let Err(retry_after) = window(state, &key.id, "tpm", w, 0, now).await
+        {
+            state.metrics.rate_limited();
+            return Err(ApiError::KeyRateLimited {
+                message: format!(
+                    "this key's limit of {} tokens per minute is spent; retry in {retry_after} s",
+                    w.limit
+                ),
+                retry_after,
+                remaining_requests: left_requests,
+                remaining_tokens: Some(0),
+            });
         }
         Ok(())
     }
@@ -269,34 +298,15 @@ impl Caller {
     /// store (limited by its budget, or only counted) and its tenant when
     /// the tenant has a budget; none when neither.
     pub fn payer(&self, state: &AppState) -> Option<crate::budgets::Payer> {
-        use crate::budgets::Spender;
         let tenant = self.tenant_name()?;
-        let mut spenders = Vec::new();
-        if let Some(key) = &self.key {
-            spenders.push(Spender {
-                scope: key.scope(),
-                limited: key.record.budget_nanos.is_some(),
-                who: format!("key \"{}\" of tenant {tenant}", key.record.name),
-            });
-        }
-        if self.live.keyring.limits(tenant).is_some_and(|l| l.budgeted) {
-            spenders.push(Spender {
-                scope: format!("tenant:{tenant}"),
-                limited: true,
-                who: format!("tenant {tenant}"),
-            });
-        }
-        if spenders.is_empty() {
-            return None;
-        }
-        let config = &self.live.config.budgets;
-        Some(crate::budgets::Payer {
-            ledger: state.ledger.clone(),
-            spenders,
-            key: self.key.clone(),
-            default_output: config.default_max_output_tokens,
-            unpriced: config.unpriced,
-        })
+        let budgeted = self.live.keyring.limits(tenant).is_some_and(|l| l.budgeted);
+        crate::budgets::Payer::of(
+            &state.ledger,
+            tenant,
+            self.key.clone(),
+            budgeted,
+            &self.live.config.budgets,
+        )
     }
 
     /// The tenant's name, if the caller is a tenant.
@@ -335,6 +345,42 @@ impl Caller {
             Principal::Tenant(_) => Err(ApiError::AdminOnly),
         }
     }
+}
+
+/// Takes `n` from key `id`'s window `kind` (`rpm` takes 1 per request;
+/// `tpm` takes 0: a request is admitted while tokens are left, its tokens
+/// counted when its call is settled): `Ok(what is left)` or `Err(seconds
+/// to the next minute)`. Through Redis when the gateway has it (every
+/// replica's requests in one count), else this process's window; a Redis
+/// that fails falls back to the process's window.
+async fn window(
+    state: &AppState,
+    id: &str,
+    kind: &str,
+    local: &crate::keys::Window,
+    n: u64,
+    now: i64,
+) -> Result<u64, u64> {
+    let now_u = u64::try_from(now).unwrap_or(0);
+    let minute = now_u / 60_000;
+    let retry = ((minute + 1) * 60_000 - now_u).div_ceil(1000).max(1);
+    if let Some(shared) = state.core.coalescer.shared.get()
+        && let Ok(count) = shared
+            .count_window(&format!("{kind}:{id}"), minute, n)
+            .await
+    {
+        let over = if n == 0 {
+            count >= local.limit
+        } else {
+            count > local.limit
+        };
+        return if over {
+            Err(retry)
+        } else {
+            Ok(local.limit.saturating_sub(count))
+        };
+    }
+    local.take(n, now)
 }
 
 /// `Query` whose rejection is an OpenAI error object.

@@ -122,7 +122,7 @@ fn conversation(
         Ok(caller) => caller,
         Err(e) => return Either::Left(std::future::ready(Err(refused(&app, None, None, e)))),
     };
-    if let Err(e) = caller.limit(&app) {
+    if let Err(e) = caller.limit_tenant(&app) {
         let e = refused(&app, caller.tenant_name(), None, e);
         return Either::Left(std::future::ready(Err(e)));
     }
@@ -246,6 +246,12 @@ async fn admit(
 ) -> Result<Admitted, ApiError> {
     let started = Instant::now();
     let tenant = caller.tenant().map_err(|e| refused(&app, None, None, e))?;
+    if caller.key.is_some() {
+        caller
+            .limit_key(&app)
+            .await
+            .map_err(|e| refused(&app, Some(&tenant), None, e))?;
+    }
     let Read {
         req,
         raw,
@@ -299,6 +305,7 @@ async fn admit(
                 forwarded,
                 responses,
                 fp,
+                key_id: caller.key.as_ref().map(|k| k.id.clone()),
             },
             key,
             started,

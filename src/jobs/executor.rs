@@ -658,6 +658,7 @@ impl RoundCtx<'_> {
         let ctx = AttemptCtx {
             app: app.clone(),
             tenant: Arc::from(job.tenant.as_str()),
+            payer: app.payer(&job.tenant, job.key_id.as_deref()),
             route: route.clone(),
             request: self.request.clone(),
             dialect: self.dialect,
@@ -701,6 +702,8 @@ fn round_of(ends: &[Option<AttemptEnd>]) -> Round {
 struct AttemptCtx {
     app: Env,
     tenant: Arc<str>,
+    /// Who pays for the attempt's call: the job's key and tenant.
+    payer: Option<crate::budgets::Payer>,
     route: Arc<Route>,
     request: Arc<Map<String, Value>>,
     dialect: Dialect,
@@ -749,7 +752,7 @@ impl AttemptCtx {
             wire: crate::endpoints::wire(self.dialect),
             policy: CachePolicy::default(),
             trace: trace.as_ref(),
-            payer: None,
+            payer: self.payer.as_ref(),
         };
         let rules = AttemptRules {
             late,
@@ -821,6 +824,19 @@ impl AttemptCtx {
             }
             Ok(Err(FlightError::WaitTimeout { .. })) => {
                 let end = self.settle_unknown("timeout").await;
+                let _ = tx.send(end);
+            }
+            Ok(Err(FlightError::Budget(e))) => {
+                // Refused before any call: the provider certainly did no
+                // work. The job's budget of attempts and its backoff
+                // decide what follows (a budget's period may start again).
+                tracing::info!(job = %a.job_id, attempt = a.n, error = %e, "attempt refused by a budget");
+                let reason = match e {
+                    crate::budgets::BudgetError::Exceeded { .. } => "budget_exceeded",
+                    crate::budgets::BudgetError::PriceUnknown { .. } => "price_unknown",
+                    crate::budgets::BudgetError::Unavailable(_) => "budget_unavailable",
+                };
+                let end = self.settle_failed(reason).await;
                 let _ = tx.send(end);
             }
             Ok(Err(e)) => {
@@ -1166,6 +1182,7 @@ mod tests {
             claimed_by: None,
             claim_until: None,
             retries,
+            key_id: None,
             created_at: 0,
             updated_at: 0,
         };

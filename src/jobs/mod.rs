@@ -98,6 +98,9 @@ pub trait JobEnv: Send + Sync + 'static {
     fn store(&self) -> &Arc<dyn Store>;
     fn metrics(&self) -> &Arc<Metrics>;
     fn core(&self) -> &crate::task::Core;
+    /// Who pays for the calls of a job of `tenant` created with the
+    /// store's key `key_id` (none: nobody counts them).
+    fn payer(&self, tenant: &str, key_id: Option<&str>) -> Option<crate::budgets::Payer>;
 }
 
 /// A shared handle on the gateway for the job workers.
@@ -116,6 +119,9 @@ pub struct Intent<'a> {
     pub forwarded: &'a Forwarded,
     pub fp: &'a Fingerprint,
     pub metadata: Option<&'a Value>,
+    /// The store's key the request came with (its budget pays the job's
+    /// calls); not part of the intent's identity.
+    pub key_id: Option<&'a str>,
 }
 
 /// The payload hash: the fingerprint rules without text normalization
@@ -183,6 +189,7 @@ impl Jobs {
             forwarded,
             fp,
             metadata,
+            key_id,
             ..
         } = intent;
         let new = NewJob {
@@ -197,6 +204,7 @@ impl Jobs {
             forwarded: (!forwarded.is_empty())
                 .then(|| Value::Object(forwarded.to_json()).to_string()),
             metadata: metadata.map(Value::to_string),
+            key_id: key_id.map(str::to_string),
             created_at: now_ms(),
         };
         match self.store.create_job(&new).await? {

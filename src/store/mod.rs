@@ -200,6 +200,9 @@ pub struct NewJob {
     pub forwarded: Option<String>,
     /// Client metadata, as JSON text.
     pub metadata: Option<String>,
+    /// The store's key the job was created with (none: a key of the
+    /// configuration file), whose budget its attempts' calls are charged.
+    pub key_id: Option<String>,
     pub created_at: i64,
 }
 
@@ -231,6 +234,8 @@ pub struct JobRecord {
     pub claim_until: Option<i64>,
     /// Manual retries granted (each one attempt beyond `attempts.max`).
     pub retries: i32,
+    /// The store's key the job was created with.
+    pub key_id: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
 }

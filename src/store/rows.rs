@@ -30,6 +30,7 @@ pub(super) struct JobRow {
     claimed_by: Option<String>,
     claim_until: Option<i64>,
     retries: i32,
+    key_id: Option<String>,
     created_at: i64,
     updated_at: i64,
 }
@@ -61,6 +62,7 @@ impl TryFrom<JobRow> for JobRecord {
             claimed_by: r.claimed_by,
             claim_until: r.claim_until,
             retries: r.retries,
+            key_id: r.key_id,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
@@ -315,6 +317,7 @@ mod tests {
             claimed_by: None,
             claim_until: None,
             retries: 0,
+            key_id: None,
             created_at: 0,
             updated_at: 0,
         }

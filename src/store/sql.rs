@@ -346,8 +346,8 @@ where
         for _ in 0..2 {
             let row: Option<JobRow> = sqlx::query_as(
                 "INSERT INTO jobs (id, tenant, idempotency_key, payload_hash, fingerprint, route, request, metadata,
-                                   state, version, not_before, created_at, updated_at, dialect, forwarded)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9, $9, $10, $11)
+                                   state, version, not_before, created_at, updated_at, dialect, forwarded, key_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9, $9, $10, $11, $12)
                  ON CONFLICT (tenant, idempotency_key) DO NOTHING
                  RETURNING *",
             )
@@ -362,6 +362,7 @@ where
             .bind(job.created_at)
             .bind(job.dialect.as_str())
             .bind(job.forwarded.as_deref())
+            .bind(job.key_id.as_deref())
             .fetch_optional(self.writer())
             .await?;
             if let Some(new) = rows::job(row)? {

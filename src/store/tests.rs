@@ -218,6 +218,7 @@ fn new_job(tenant: &str, key: &str, created_at: i64) -> NewJob {
         metadata: Some(r#"{"order":45}"#.to_owned()),
         dialect: "chat".to_owned(),
         forwarded: None,
+        key_id: None,
         created_at,
     }
 }

@@ -267,3 +267,47 @@ async fn changes_to_a_key_reach_every_replica_within_a_second() {
     }
     let _ = std::fs::remove_dir_all(&cluster.dir);
 }
+
+/// A key's requests per minute are one count for every replica (Redis):
+/// a key of 3 a minute gets 3 answers in a minute, wherever it asks.
+#[tokio::test]
+async fn a_keys_requests_per_minute_are_counted_across_replicas() {
+    let cluster = Cluster::start(2, Spec::default(), &redis_url()).await;
+    let c = cluster.client.clone();
+    let minute = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            / 60
+    };
+    for _ in 0..3 {
+        let (_, secret, _) = make_key(
+            &c,
+            cluster.base(0),
+            json!({"tenant": "acme", "name": "metered", "rpm": 3}),
+        )
+        .await;
+        in_force_everywhere(&cluster, &secret, 2).await;
+        let start = minute();
+        let mut statuses = Vec::new();
+        for i in 0..5 {
+            let r = c
+                .post(format!("{}/v1/chat/completions", cluster.base(i % 2)))
+                .bearer_auth(&secret)
+                .json(&chat_body(&format!("metered {i}")))
+                .send()
+                .await
+                .unwrap();
+            statuses.push(r.status().as_u16());
+        }
+        if minute() != start {
+            // A minute began in the middle: its windows started afresh.
+            continue;
+        }
+        assert_eq!(statuses, [200, 200, 200, 429, 429]);
+        let _ = std::fs::remove_dir_all(&cluster.dir);
+        return;
+    }
+    panic!("three minutes began in the middle of three tries");
+}

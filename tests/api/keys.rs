@@ -696,3 +696,89 @@ async fn the_cli_manages_keys_while_the_gateway_serves() {
     drop(proc);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A job pays like the request that made it: its attempts' calls are
+/// reserved against the key it was created with, a refused attempt is
+/// `failed` (`budget_exceeded`) without a call, and a replay spends
+/// nothing.
+#[tokio::test]
+async fn a_jobs_calls_are_charged_to_the_key_that_made_it() {
+    let app = TestApp::with(Spec {
+        extra: PRICED.into(),
+        ..holding()
+    })
+    .await;
+    let (id, secret, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "jobs", "budget_usd": usd(worst(1))}),
+    )
+    .await;
+    let create = |key: &'static str, i: usize| {
+        let (c, url, secret) = (app.client.clone(), app.url("/v1/jobs"), secret.clone());
+        async move {
+            let r = c
+                .post(url)
+                .bearer_auth(secret)
+                .header("idempotency-key", key)
+                .json(&json!({"request": priced(i)}))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{}", r.status());
+            r.json::<Value>().await.unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let job = |jid: String| {
+        let (c, url, secret) = (
+            app.client.clone(),
+            app.url(&format!("/v1/jobs/{jid}")),
+            secret.clone(),
+        );
+        async move {
+            c.get(url)
+                .bearer_auth(secret)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let paid = create("job-a", 1).await;
+    held(&app.mock, 1).await;
+    // The budget is held by the first job's call: the second job's attempt
+    // is refused before the provider.
+    let refused = create("job-b", 2).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let j = job(refused.clone()).await;
+        if j["attempts"][0]["state"] == "failed" {
+            assert_eq!(j["attempts"][0]["reason"], "budget_exceeded", "{j}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{j}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(app.calls(), 1);
+    release(&app.mock, None).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let done = loop {
+        let j = job(paid.clone()).await;
+        if j["state"] == "succeeded" {
+            break j;
+        }
+        assert!(std::time::Instant::now() < deadline, "{j}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let cost = cost_of(&done["result"]);
+    assert_eq!(spent(&app.client, &app.base, &id).await, cost);
+    // A replay: the job's answer again, nothing spent.
+    assert_eq!(create("job-a", 1).await, paid);
+    assert_eq!(app.calls(), 1);
+    assert_eq!(spent(&app.client, &app.base, &id).await, cost);
+}
