@@ -200,7 +200,11 @@ impl App {
             started.budgets.keys_refresh,
             stop.clone(),
         ));
-        tracker.spawn(crate::budgets::run(state.ledger.clone(), stop.clone()));
+        tracker.spawn(crate::budgets::run(
+            state.ledger.clone(),
+            started.budgets.flush_interval,
+            stop.clone(),
+        ));
         let (app, stop_refresh) = (state.clone(), stop.clone());
         let started_refresh = started.contracts.refresh_interval;
         tracker.spawn(async move {

@@ -18,8 +18,11 @@
 //! more when calls come fast, and gives unused grant back at the next
 //! heartbeat. A grant has a lease, renewed by the heartbeat: a replica that
 //! dies holding reservations holds them no longer than the lease.
-//! Settling (one statement, before the answer is released) adds the real
-//! cost to the spend and takes the reservation off the grant.
+//! Settling adds the real cost to the spend and takes the reservation off
+//! the grant: at once in this replica's memory, and in the store with the
+//! other settlements of the last `budgets.flush_interval`, one statement
+//! per spender ([`Ledger::flush`]). Until then the store still counts the
+//! reservation in the grant, never less than the call cost.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -85,6 +88,16 @@ pub struct Ledger {
     /// When the grants' leases were last renewed; past the lease, the
     /// store may have released them, and nothing is reserved locally.
     renewed: Mutex<Instant>,
+    /// Settlements not yet written, by spender.
+    unwritten: Mutex<std::collections::HashMap<String, Unwritten>>,
+}
+
+/// A spender's settlements since the last flush.
+#[derive(Default, Clone, Copy)]
+struct Unwritten {
+    reserved: i64,
+    spent: i64,
+    calls: i64,
 }
 
 /// A spender a call is charged to, and whether it has a limit (one
@@ -193,6 +206,7 @@ impl Ledger {
             lease,
             scopes: DashMap::new(),
             renewed: Mutex::new(Instant::now()),
+            unwritten: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -273,6 +287,16 @@ impl Ledger {
             let extra = amount.saturating_mul(i64::from(l.calls.min(16)));
             (need, extra)
         };
+        // Settlements not yet written would count against this grant as
+        // reservations: write this spender's first.
+        let pending = self
+            .unwritten
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&scope.name);
+        if let Some(u) = pending {
+            self.write(&scope.name, u).await;
+        }
         let now = now_ms();
         let lease_until = now + i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         let granted = self
@@ -385,6 +409,36 @@ impl Ledger {
         });
     }
 
+    /// Writes the settlements made since the last flush, one statement per
+    /// spender. One the store refuses stays for the next flush (its
+    /// reservation stays on the grant meanwhile: counted, never free).
+    pub async fn flush(&self) {
+        let batch: Vec<(String, Unwritten)> = {
+            let mut u = self.unwritten.lock().unwrap_or_else(|p| p.into_inner());
+            u.drain().collect()
+        };
+        for (scope, u) in batch {
+            self.write(&scope, u).await;
+        }
+    }
+
+    /// Writes one spender's settlements; kept for the next flush if the
+    /// store refuses.
+    async fn write(&self, scope: &str, u: Unwritten) {
+        let written = self
+            .store
+            .settle(scope, &self.holder, u.reserved, u.spent, u.calls, now_ms())
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(error = %e, %scope, "cannot record spend yet: tried again at the next flush");
+            let mut all = self.unwritten.lock().unwrap_or_else(|p| p.into_inner());
+            let again = all.entry(scope.to_string()).or_default();
+            again.reserved += u.reserved;
+            again.spent = again.spent.saturating_add(u.spent);
+            again.calls += u.calls;
+        }
+    }
+
     /// What this replica holds for `scope` now: (granted, reserved).
     pub fn held(&self, scope: &str) -> (i64, i64) {
         self.scopes.get(scope).map_or((0, 0), |s| {
@@ -395,11 +449,10 @@ impl Ledger {
 }
 
 impl Reservation {
-    /// Settles the call at its real cost (nano-dollars): added to every
-    /// spender's spend, the reservation taken off the grants. A settlement
-    /// the store refuses is logged; the reservation then stays on the
-    /// grant until the lease ends, never counted as available.
-    pub async fn settle(mut self, cost: i64, tokens: Option<&Tokens>) {
+    /// Settles the call at its real cost (nano-dollars): off this
+    /// replica's grants at once, into every spender's spend with the next
+    /// [`Ledger::flush`].
+    pub fn settle(mut self, cost: i64, tokens: Option<&Tokens>) {
         self.done = true;
         let now = now_ms();
         if let (Some(key), Some(t)) = (&self.key, tokens)
@@ -407,26 +460,26 @@ impl Reservation {
         {
             w.add(t.input.saturating_add(t.output), now);
         }
-        let holder = self.ledger.holder.clone();
+        let mut unwritten = self
+            .ledger
+            .unwritten
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         for (scope, amount) in &self.parts {
             {
                 let mut l = scope.local.lock().unwrap_or_else(|p| p.into_inner());
                 l.reserved -= amount;
                 l.granted = (l.granted - amount).max(0);
             }
-            if let Err(e) = self
-                .ledger
-                .store
-                .settle(&scope.name, &holder, *amount, cost, now)
-                .await
-            {
-                tracing::error!(error = %e, scope = %scope.name, cost, "cannot record a call's spend");
-            }
+            let u = unwritten.entry(scope.name.clone()).or_default();
+            u.reserved += amount;
+            u.spent = u.spent.saturating_add(cost);
+            u.calls += 1;
         }
         for scope in &self.counted {
-            if let Err(e) = self.ledger.store.settle(scope, &holder, 0, cost, now).await {
-                tracing::error!(error = %e, %scope, cost, "cannot record a call's spend");
-            }
+            let u = unwritten.entry(scope.clone()).or_default();
+            u.spent = u.spent.saturating_add(cost);
+            u.calls += 1;
         }
     }
 }
@@ -484,14 +537,24 @@ pub async fn set_tenant_budgets(
     Ok(())
 }
 
-/// Runs the ledger's heartbeat every lease/3 until `stop`.
-pub async fn run(ledger: Arc<Ledger>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval((ledger.lease / 3).max(Duration::from_millis(50)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Runs the ledger until `stop`: its flush every `flush` and its heartbeat
+/// every lease/3; at `stop`, a last flush.
+pub async fn run(ledger: Arc<Ledger>, flush: Duration, stop: CancellationToken) {
+    let mut beat = tokio::time::interval((ledger.lease / 3).max(Duration::from_millis(50)));
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut write = tokio::time::interval(flush);
+    write.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = stop.cancelled() => return,
-            _ = tick.tick() => ledger.heartbeat().await,
+            () = stop.cancelled() => {
+                ledger.flush().await;
+                return;
+            }
+            _ = write.tick() => ledger.flush().await,
+            _ = beat.tick() => {
+                ledger.flush().await;
+                ledger.heartbeat().await;
+            }
         }
     }
 }
@@ -655,7 +718,8 @@ mod tests {
             "a third reservation fit a budget of two"
         );
         // Settled below its reservation: the difference is free again.
-        first.settle(400, None).await;
+        first.settle(400, None);
+        ledger.flush().await;
         assert!(ledger.reserve(&who, 1_000).await.is_err(), "600 left");
         drop(second);
         let again = ledger.reserve(&who, 1_000).await.unwrap();

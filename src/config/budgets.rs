@@ -31,6 +31,12 @@ pub struct BudgetsConfig {
     /// the reservations of a replica that died are released after it.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
+    /// How often each replica writes the spend of the calls it settled
+    /// (one statement per key or tenant): the store's figures lag by at
+    /// most this, and a process killed loses at most this much of its
+    /// spend records (their reservations end with the lease).
+    #[serde(with = "humantime_serde")]
+    pub flush_interval: Duration,
     /// The output a request that sets no `max_tokens` (or
     /// `max_completion_tokens`, `max_output_tokens`) reserves for.
     pub default_max_output_tokens: u64,
@@ -42,6 +48,7 @@ impl Default for BudgetsConfig {
         Self {
             keys_refresh: Duration::from_millis(250),
             lease: Duration::from_secs(10),
+            flush_interval: Duration::from_millis(100),
             default_max_output_tokens: 4096,
             unpriced: Unpriced::Refuse,
         }
@@ -58,6 +65,12 @@ impl BudgetsConfig {
         }
         if self.lease < Duration::from_millis(300) {
             return Err(source.invalid("budgets.lease", "expected at least 300ms"));
+        }
+        if self.flush_interval < Duration::from_millis(10) || self.flush_interval * 3 > self.lease {
+            return Err(source.invalid(
+                "budgets.flush_interval",
+                "expected at least 10ms and at most a third of budgets.lease",
+            ));
         }
         if self.default_max_output_tokens == 0 {
             return Err(source.invalid(

@@ -666,20 +666,21 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
     ) -> Result<Option<i64>>;
 
-    /// Settles a call against budget `scope`, in one transaction that
-    /// holds the row: a period that has elapsed at `now` moves on; `spent`
-    /// (the call's real cost, which may exceed what it reserved) is added
-    /// to the period's and the total spend, `calls` + 1; `holder`'s grant
-    /// shrinks by `reserved` (what the call had reserved; not below 0, and
-    /// a grant that reaches 0 is removed). A scope without a budget row
-    /// gets one without a limit, so that the spend of keys without a budget
-    /// is counted too.
+    /// Settles `calls` calls against budget `scope`, in one transaction
+    /// that holds the row: a period that has elapsed at `now` moves on;
+    /// `spent` (their real cost, which may exceed what they reserved) is
+    /// added to the period's and the total spend, and `calls` to the
+    /// count; `holder`'s grant shrinks by `reserved` (what they had
+    /// reserved; not below 0, and a grant that reaches 0 is removed). A
+    /// scope without a budget row gets one without a limit, so that the
+    /// spend of keys without a budget is counted too.
     async fn settle(
         &self,
         scope: &str,
         holder: &str,
         reserved: i64,
         spent: i64,
+        calls: i64,
         now: i64,
     ) -> Result<()>;
 

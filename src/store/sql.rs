@@ -1309,6 +1309,7 @@ where
         holder: &str,
         reserved: i64,
         spent: i64,
+        calls: i64,
         now: i64,
     ) -> Result<()> {
         let mut tx = self.begin_write().await?;
@@ -1317,7 +1318,7 @@ where
         // starts from 0, as `current_period` computes it.
         sqlx::query(
             "INSERT INTO budgets (scope, period_start, spent_nanos, total_nanos, calls)
-             VALUES ($1, $2, $3, $3, 1)
+             VALUES ($1, $2, $3, $3, $4)
              ON CONFLICT (scope) DO UPDATE
              SET period_start = CASE
                      WHEN budgets.period_ms > 0 AND $2 >= budgets.period_start + budgets.period_ms
@@ -1328,11 +1329,12 @@ where
                      WHEN budgets.period_ms > 0 AND $2 >= budgets.period_start + budgets.period_ms
                      THEN 0 ELSE budgets.spent_nanos END + $3,
                  total_nanos = budgets.total_nanos + $3,
-                 calls = budgets.calls + 1",
+                 calls = budgets.calls + $4",
         )
         .bind(scope)
         .bind(now)
         .bind(spent)
+        .bind(calls)
         .execute(&mut *tx)
         .await?;
         if reserved > 0 {

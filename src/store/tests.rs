@@ -1935,7 +1935,9 @@ async fn keys_update_sets_and_clears(s: Arc<dyn Store>) {
     k.metadata = Some(r#"{"team":"support"}"#.to_owned());
     k.budget_nanos = Some(1_000);
     create_key(&*s, &k).await;
-    s.settle("key:key_a", "gw-1", 0, 300, T0 + 1).await.unwrap();
+    s.settle("key:key_a", "gw-1", 0, 300, 1, T0 + 1)
+        .await
+        .unwrap();
 
     // Set some fields; the others stay.
     let change = KeyChange {
@@ -2057,7 +2059,9 @@ async fn keys_revoke_and_rotate(s: Arc<dyn Store>) {
     let mut k = key_record("key_a", "t1", T0);
     k.budget_nanos = Some(1_000);
     create_key(&*s, &k).await;
-    s.settle("key:key_a", "gw-1", 0, 250, T0 + 1).await.unwrap();
+    s.settle("key:key_a", "gw-1", 0, 250, 1, T0 + 1)
+        .await
+        .unwrap();
 
     // Rotation: same id, new secret, spend kept.
     let rotated = s
@@ -2350,7 +2354,7 @@ async fn grant_concurrent_never_exceeds_budget(s: Arc<dyn Store>) {
     let holders: Vec<String> = by_holder.keys().cloned().collect();
     for i in 0..4 {
         let holder = &holders[i % holders.len()];
-        s.settle(scope, holder, UNIT, 40, T0 + 1).await.unwrap();
+        s.settle(scope, holder, UNIT, 40, 1, T0 + 1).await.unwrap();
     }
     let b = budget(&*s, scope, T0 + 1).await;
     assert_eq!(
@@ -2377,7 +2381,9 @@ async fn grant_concurrent_never_exceeds_budget(s: Arc<dyn Store>) {
         None
     );
     // A call that cost more than it reserved is counted in full.
-    s.settle(scope, "gw-new", UNIT, 150, T0 + 3).await.unwrap();
+    s.settle(scope, "gw-new", UNIT, 150, 1, T0 + 3)
+        .await
+        .unwrap();
     let b = budget(&*s, scope, T0 + 3).await;
     assert_eq!(
         (b.spent_nanos, b.calls, b.reserved_nanos),
@@ -2480,7 +2486,7 @@ async fn grant_period_rollover(s: Arc<dyn Store>) {
         s.grant(scope, "gw", 600, 0, lease, T0).await.unwrap(),
         Some(600)
     );
-    s.settle(scope, "gw", 600, 600, T0 + 10).await.unwrap();
+    s.settle(scope, "gw", 600, 600, 1, T0 + 10).await.unwrap();
     assert_eq!(
         s.grant(scope, "gw", 500, 0, lease, T0 + 20).await.unwrap(),
         None
@@ -2512,7 +2518,7 @@ async fn grant_period_rollover(s: Arc<dyn Store>) {
         (T0 + 2 * DAY, 0, 600, 1, 500)
     );
     // A settlement moves it on too.
-    s.settle(scope, "gw", 500, 100, T0 + 3 * DAY + 1)
+    s.settle(scope, "gw", 500, 100, 1, T0 + 3 * DAY + 1)
         .await
         .unwrap();
     let b = budget(&*s, scope, T0 + 3 * DAY + 2).await;
@@ -2559,10 +2565,10 @@ async fn grant_unlimited_and_settle_without_row(s: Arc<dyn Store>) {
     assert_eq!(s.budgets(T0).await.unwrap(), vec![]);
 
     // A settlement creates the row, without a limit, and counts the spend.
-    s.settle("key:free", "gw", 1_000_005, 70, T0 + 1)
+    s.settle("key:free", "gw", 1_000_005, 70, 1, T0 + 1)
         .await
         .unwrap();
-    s.settle("key:free", "gw", 0, 30, T0 + 2).await.unwrap();
+    s.settle("key:free", "gw", 0, 30, 1, T0 + 2).await.unwrap();
     assert_eq!(
         budget(&*s, "key:free", T0 + 3).await,
         BudgetRecord {
@@ -2581,7 +2587,7 @@ async fn grant_unlimited_and_settle_without_row(s: Arc<dyn Store>) {
     s.set_budget("tenant:t1", None, Some(DAY), T0)
         .await
         .unwrap();
-    s.settle("tenant:t1", "gw", 0, i64::MAX / 4, T0)
+    s.settle("tenant:t1", "gw", 0, i64::MAX / 4, 1, T0)
         .await
         .unwrap();
     assert_eq!(

@@ -94,6 +94,24 @@ pub async fn key_view(client: &reqwest::Client, base: &str, id: &str) -> Value {
     r.json().await.unwrap()
 }
 
+/// Waits until the store says key `id` spent `expected` nano-dollars
+/// (each replica writes its settlements every `budgets.flush_interval`),
+/// and fails if it does not within 5 s.
+pub async fn assert_spent(client: &reqwest::Client, base: &str, id: &str, expected: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = spent(client, base, id).await;
+        if now == expected {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "key {id} spent {now}, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// What the store says key `id` spent, in nano-dollars.
 pub async fn spent(client: &reqwest::Client, base: &str, id: &str) -> i64 {
     let v = key_view(client, base, id).await;
@@ -399,7 +417,7 @@ async fn concurrent_requests_never_overspend_a_budget() {
         }
     }
     assert_eq!(refused, 190);
-    assert_eq!(spent(&app.client, &app.base, &id).await, cost);
+    assert_spent(&app.client, &app.base, &id, cost).await;
     assert!(cost <= budget && cost < 10 * w, "{cost} {budget}");
     // What the answers did not cost is free again: nine more worst cases
     // fit (not ten: ten answers cost something).
@@ -420,9 +438,8 @@ async fn concurrent_requests_never_overspend_a_budget() {
             assert_eq!(body["error"]["code"], "budget_exceeded", "{body}");
         }
     }
-    let after = spent(&app.client, &app.base, &id).await;
-    assert_eq!(after, cost);
-    assert!(after <= budget, "overspent: {after} > {budget}");
+    assert_spent(&app.client, &app.base, &id, cost).await;
+    assert!(cost <= budget, "overspent: {cost} > {budget}");
 }
 
 /// A wave of 500 identical requests from one key whose budget holds one
@@ -451,10 +468,7 @@ async fn a_wave_from_one_key_makes_one_call_and_is_charged_once() {
         one.get_or_insert_with(|| serde_json::from_str::<Value>(body).unwrap());
     }
     assert_eq!(app.calls(), 1);
-    assert_eq!(
-        spent(&app.client, &app.base, &id).await,
-        cost_of(&one.unwrap())
-    );
+    assert_spent(&app.client, &app.base, &id, cost_of(&one.unwrap())).await;
     // The cache answers the next one: nothing more is spent.
     let r = app.chat(&secret, &priced(7)).await;
     assert_eq!(r.status(), 200);
@@ -491,18 +505,15 @@ async fn a_shared_wave_charges_the_leader_and_a_refused_leader_does_not_refuse_i
     let follower = wave(&app, &broke, &priced(1), 1).await;
     app.until_followers(1).await;
     release(&app.mock, None).await;
-    for (status, _, body) in collect(leader)
-        .await
-        .into_iter()
-        .chain(collect(follower).await)
-    {
-        assert_eq!(status, 200, "{body}");
+    let led = collect(leader).await;
+    for (status, _, body) in led.iter().chain(&collect(follower).await) {
+        assert_eq!(*status, 200, "{body}");
     }
-    assert_eq!(spent(&app.client, &app.base, &broke_id).await, 0);
-    assert!(spent(&app.client, &app.base, &rich_id).await > 0);
+    let first = cost_of(&serde_json::from_str(&led[0].2).unwrap());
+    assert_spent(&app.client, &app.base, &rich_id, first).await;
+    assert_spent(&app.client, &app.base, &broke_id, 0).await;
     // The broke key asks first: refused, and the rich key's identical
     // request, which came while it was refused, leads on its own budget.
-    let spent_before = spent(&app.client, &app.base, &rich_id).await;
     let broke_first = wave(&app, &broke, &priced(2), 20).await;
     let rich_after = wave(&app, &rich, &priced(2), 20).await;
     held(&app.mock, 1).await;
@@ -515,12 +526,14 @@ async fn a_shared_wave_charges_the_leader_and_a_refused_leader_does_not_refuse_i
             assert!(body.contains("budget_exceeded"), "{body}");
         }
     }
+    let mut second = 0;
     for (status, _, body) in collect(rich_after).await {
         assert_eq!(status, 200, "{body}");
+        second = cost_of(&serde_json::from_str(&body).unwrap());
     }
     assert_eq!(app.calls(), 2);
-    assert!(spent(&app.client, &app.base, &rich_id).await > spent_before);
-    assert_eq!(spent(&app.client, &app.base, &broke_id).await, 0);
+    assert_spent(&app.client, &app.base, &rich_id, first + second).await;
+    assert_spent(&app.client, &app.base, &broke_id, 0).await;
 }
 
 #[tokio::test]
@@ -580,18 +593,32 @@ async fn a_tenant_budget_is_shared_by_every_key_of_the_tenant() {
             .contains("tenant acme"),
         "{e}"
     );
-    // Another tenant has its own.
+    // Another tenant is not held by it (beta has no budget): its call goes
+    // to the provider.
+    let beta = wave(&app, BETA, &priced(4), 1).await;
+    held(&app.mock, 2).await;
     release(&app.mock, None).await;
-    assert_eq!(collect(first).await[0].0, 200);
-    let (_, stats) = app.get_json(ADMIN, "/v1/stats").await;
-    let acme = stats["budgets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["tenant"] == "acme" && b["key"].is_null())
-        .cloned()
-        .unwrap();
-    assert!(acme["spent_usd"].as_f64().unwrap() > 0.0, "{stats}");
+    assert_eq!(collect(beta).await[0].0, 200);
+    let done = collect(first).await;
+    assert_eq!(done[0].0, 200);
+    // The tenant's spend, in the stats once written.
+    let cost = cost_of(&serde_json::from_str(&done[0].2).unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, stats) = app.get_json(ADMIN, "/v1/stats").await;
+        let acme = stats["budgets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["tenant"] == "acme" && b["key"].is_null())
+            .cloned()
+            .unwrap();
+        if (acme["spent_usd"].as_f64().unwrap() * 1e9).round() as i64 == cost {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{stats}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let text = app.metrics().await;
     assert!(
         text.contains("idem_budget_limit_dollars{tenant=\"acme\",key=\"\",name=\"\"}"),
@@ -776,9 +803,9 @@ async fn a_jobs_calls_are_charged_to_the_key_that_made_it() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let cost = cost_of(&done["result"]);
-    assert_eq!(spent(&app.client, &app.base, &id).await, cost);
+    assert_spent(&app.client, &app.base, &id, cost).await;
     // A replay: the job's answer again, nothing spent.
     assert_eq!(create("job-a", 1).await, paid);
     assert_eq!(app.calls(), 1);
-    assert_eq!(spent(&app.client, &app.base, &id).await, cost);
+    assert_spent(&app.client, &app.base, &id, cost).await;
 }
