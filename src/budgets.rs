@@ -106,6 +106,9 @@ struct Unwritten {
 pub struct Spender {
     pub scope: String,
     pub limited: bool,
+    /// The budget, when it has one (nano-dollars): what this replica may
+    /// ask for in advance is a sixteenth of it at most.
+    pub limit: Option<i64>,
     /// Who the spender is, for messages (`key "ci" of tenant acme`).
     pub who: String,
 }
@@ -135,13 +138,13 @@ pub struct Payer {
 impl Payer {
     /// Who pays for the calls of `tenant`'s requests made with `key` (a
     /// key of the store; none: the configuration's): the key, limited by
-    /// its budget or only counted, and the tenant when `tenant_budget`;
-    /// none when neither.
+    /// its budget or only counted, and the tenant when it has a budget
+    /// (`tenant_budget`, nano-dollars); none when neither.
     pub fn of(
         ledger: &Arc<Ledger>,
         tenant: &str,
         key: Option<Arc<Key>>,
-        tenant_budget: bool,
+        tenant_budget: Option<i64>,
         config: &crate::config::BudgetsConfig,
     ) -> Option<Payer> {
         let mut spenders = Vec::new();
@@ -149,13 +152,15 @@ impl Payer {
             spenders.push(Spender {
                 scope: key.scope(),
                 limited: key.record.budget_nanos.is_some(),
+                limit: key.record.budget_nanos,
                 who: format!("key \"{}\" of tenant {tenant}", key.record.name),
             });
         }
-        if tenant_budget {
+        if let Some(limit) = tenant_budget {
             spenders.push(Spender {
                 scope: format!("tenant:{tenant}"),
                 limited: true,
+                limit: Some(limit),
                 who: format!("tenant {tenant}"),
             });
         }
@@ -282,9 +287,18 @@ impl Ledger {
                 l.granted = 0;
             }
             let need = amount - (l.granted - l.reserved);
-            // A little more when calls come fast: the next ones then
-            // reserve in memory.
-            let extra = amount.saturating_mul(i64::from(l.calls.min(16)));
+            // More when calls come fast (as many worst cases as calls
+            // since the last heartbeat, up to 4,096): the next ones then
+            // reserve in memory. Only from a budget of a thousand worst
+            // cases or more, and never more than a sixteenth of it: a
+            // budget of a few calls is granted call by call, so that no
+            // replica holds in advance what another needs now. What goes
+            // unused goes back at the next idle heartbeat.
+            let ahead = amount.saturating_mul(i64::from(l.calls.min(4096)));
+            let extra = match spender.limit {
+                Some(limit) if amount.saturating_mul(1024) <= limit => ahead.min(limit / 16),
+                _ => 0,
+            };
             (need, extra)
         };
         // Settlements not yet written would count against this grant as
@@ -684,6 +698,7 @@ mod tests {
         Spender {
             scope: scope.into(),
             limited: true,
+            limit: None,
             who: scope.into(),
         }
     }

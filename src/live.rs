@@ -115,6 +115,15 @@ fn restart_only(old: &Config, new: &Config) -> Vec<&'static str> {
     check("log", Config::same(&old.log, &new.log));
     check("contracts", Config::same(&old.contracts, &new.contracts));
     check("telemetry", Config::same(&old.telemetry, &new.telemetry));
+    // The keys' refresh and the ledger's lease and flush run from the
+    // start; the rest of `[budgets]` is read per request.
+    let (a, b) = (&old.budgets, &new.budgets);
+    check(
+        "budgets (keys_refresh, lease, flush_interval)",
+        a.keys_refresh == b.keys_refresh
+            && a.lease == b.lease
+            && a.flush_interval == b.flush_interval,
+    );
     changed
 }
 
@@ -287,6 +296,27 @@ mod tests {
 
     fn config(text: &str) -> Config {
         Config::from_toml_str(text, Source::Embedded, false).unwrap()
+    }
+
+    #[test]
+    fn the_budgets_timers_need_a_restart_and_their_rules_do_not() {
+        let old = config(BASE);
+        let ruled = config(&format!(
+            "[budgets]\ndefault_max_output_tokens = 100\nunpriced = \"allow\"\n{BASE}"
+        ));
+        assert!(restart_only(&old, &ruled).is_empty());
+        for timer in [
+            "lease = \"20s\"",
+            "keys_refresh = \"1s\"",
+            "flush_interval = \"200ms\"",
+        ] {
+            let timed = config(&format!("[budgets]\n{timer}\n{BASE}"));
+            assert_eq!(
+                restart_only(&old, &timed),
+                ["budgets (keys_refresh, lease, flush_interval)"],
+                "{timer}"
+            );
+        }
     }
 
     const BASE: &str = r#"

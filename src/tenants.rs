@@ -55,8 +55,8 @@ pub struct TenantLimits {
     /// The settings `bucket` was made from.
     rate: Option<RateLimitConfig>,
     pub max_body_bytes: Option<usize>,
-    /// The tenant has a budget of its own (`budget_usd`).
-    pub budgeted: bool,
+    /// The tenant's budget of its own (`budget_usd`), in nano-dollars.
+    pub budget: Option<i64>,
 }
 
 impl TenantLimits {
@@ -117,7 +117,7 @@ impl Keyring {
                 let kept = before.and_then(|b| b.limits.get(&t.name)).filter(|old| {
                     old.rate == t.rate_limit
                         && old.max_body_bytes == t.max_body_bytes
-                        && old.budgeted == t.budget_usd.is_some()
+                        && old.budget == tenant_budget(t)
                 });
                 let limits = match kept {
                     Some(old) => old.clone(),
@@ -127,7 +127,7 @@ impl Keyring {
                             .and_then(|r| bucket(r.requests_per_second, r.burst)),
                         rate: t.rate_limit,
                         max_body_bytes: t.max_body_bytes,
-                        budgeted: t.budget_usd.is_some(),
+                        budget: tenant_budget(t),
                     }),
                 };
                 (t.name.clone(), limits)
@@ -176,6 +176,12 @@ impl Keyring {
         }
         self.anonymous.clone()
     }
+}
+
+/// A tenant's `budget_usd` in nano-dollars.
+fn tenant_budget(t: &crate::config::TenantConfig) -> Option<i64> {
+    t.budget_usd
+        .map(|usd| i64::try_from(crate::prices::nanos(usd)).unwrap_or(i64::MAX))
 }
 
 /// `Bearer <token>`, case-insensitive scheme, surrounding spaces ignored.

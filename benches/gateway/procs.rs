@@ -433,6 +433,9 @@ pub struct GatewaySpec {
     /// A second provider's base URL, serving the route [`JOBS_MODEL`]
     /// (jobs on a slow provider beside chats on a fast one).
     pub jobs_upstream: Option<String>,
+    /// The route's target has a price and the tenant a budget (a key of
+    /// the store with a budget and limits is made by [`Gateway::key`]).
+    pub budgeted: bool,
 }
 
 /// The route of [`GatewaySpec::jobs_upstream`].
@@ -452,6 +455,7 @@ impl GatewaySpec {
             anthropic: false,
             otlp_endpoint: None,
             jobs_upstream: None,
+            budgeted: false,
         }
     }
 
@@ -480,14 +484,14 @@ api_keys = ["{ADMIN}"]
 [[tenants]]
 name = "bench"
 api_keys = ["{KEY}"]
-
+{tenant_budget}
 [[providers]]
 name = "mock"
 {provider}timeout = "120s"
 
 [[routes]]
 model = "{MODEL}"
-targets = [{{ provider = "mock", model = "mock-model" }}]
+targets = [{{ provider = "mock", model = "mock-model"{price} }}]
 {endpoints}[routes.coalesce]
 max_wait = "120s"
 [routes.attempts]
@@ -504,6 +508,16 @@ timeout = "120s"
                 .map_or(String::new(), |url| format!(
                     "\n[telemetry]\notlp_endpoint = \"{url}\"\n"
                 )),
+            tenant_budget = if self.budgeted {
+                "budget_usd = 1000000\nbudget_period = \"30d\"\n"
+            } else {
+                ""
+            },
+            price = if self.budgeted {
+                ", price = { input_per_mtok = 0.15, output_per_mtok = 0.6 }"
+            } else {
+                ""
+            },
             storage = self.storage,
             backend = self.backend,
             prefix = self.redis_prefix,
@@ -562,6 +576,32 @@ impl Gateway {
             proc,
             addr: addr.parse().context("gateway address")?,
         })
+    }
+
+    /// A key of the store for tenant `bench`, with a budget and limits far
+    /// above what a run spends (so that each request checks them all and
+    /// none refuses): its secret.
+    pub async fn key(&self) -> anyhow::Result<String> {
+        let v: Value = control_client()?
+            .post(format!("http://{}/v1/admin/keys", self.addr))
+            .bearer_auth(ADMIN)
+            .json(&serde_json::json!({
+                "tenant": "bench",
+                "name": "budgeted",
+                "budget_usd": 1_000_000,
+                "budget_period": "30d",
+                "rpm": 1_000_000_000,
+                "tpm": 1_000_000_000_000i64,
+            }))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        v["key"]
+            .as_str()
+            .map(str::to_string)
+            .context("the new key's secret")
     }
 
     /// `GET /metrics` (Prometheus text) with the admin key.

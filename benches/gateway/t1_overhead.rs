@@ -8,7 +8,10 @@
 //! collector in this process that takes every export), prices them:
 //! table 1d. A fifth, in the closed loop only, a bare proxy on the libraries
 //! idem is built on (tokio and hyper), is the floor of what such a gateway
-//! costs here: table 1e.
+//! costs here: table 1e. A sixth, idem asked with a key of the store that
+//! has a budget, a tenant budget and rate limits (each request checks the
+//! key's windows and each call reserves and settles against both
+//! budgets), prices admission: table 1f.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,16 +52,24 @@ enum Side {
     Traced,
     /// A bare tokio/hyper proxy (closed loop only).
     Bare,
+    /// idem with a key of the store with a budget and limits, in a tenant
+    /// with a budget.
+    Budgeted,
 }
 
-const SIDES: [Side; 6] = [
+const SIDES: [Side; 7] = [
     Side::Direct,
     Side::Nginx,
     Side::Idem,
     Side::Anthropic,
     Side::Traced,
     Side::Bare,
+    Side::Budgeted,
 ];
+
+/// Target: what a key's budget and limits add to idem's CPU per request,
+/// in microseconds (no database round trip per request).
+const BUDGET_CPU_US: f64 = 10.0;
 
 /// An OTLP/HTTP collector that takes every export and counts its bytes.
 async fn collector() -> anyhow::Result<(String, Arc<std::sync::atomic::AtomicU64>)> {
@@ -136,9 +147,17 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
         storage: format!("sqlite://{}", dir.file("idem-t.db").display()),
         ..GatewaySpec::new(&mock, &dir)
     };
+    let spec_k = GatewaySpec {
+        budgeted: true,
+        storage: format!("sqlite://{}", dir.file("idem-k.db").display()),
+        ..GatewaySpec::new(&mock, &dir)
+    };
     let mut gateway = Gateway::start(&dir, "idem", &spec).await?;
     let mut gateway_c = Gateway::start(&dir, "idem-c", &spec_c).await?;
     let mut gateway_t = Gateway::start(&dir, "idem-t", &spec_t).await?;
+    let mut gateway_k = Gateway::start(&dir, "idem-k", &spec_k).await?;
+    // The key lives in the store: the gateways of (b) find it there.
+    let budgeted_key = gateway_k.key().await?;
     // The nginx side, when nginx is here (else why not, for the notes).
     let proxy = match nginx::find_or_install() {
         Ok(found) => match Nginx::start(&dir, &found, mock.addr).await {
@@ -157,9 +176,10 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     let mut idem = Endpoint::new(gateway.addr, Some(KEY));
     let mut idem_c = Endpoint::new(gateway_c.addr, Some(KEY));
     let mut idem_t = Endpoint::new(gateway_t.addr, Some(KEY));
+    let mut idem_k = Endpoint::new(gateway_k.addr, Some(&budgeted_key));
 
     // Warm-up: connection pools, allocator, the route's latency tracker.
-    for endpoint in [&direct, &idem, &idem_c, &idem_t, &via_bare]
+    for endpoint in [&direct, &idem, &idem_c, &idem_t, &idem_k, &via_bare]
         .into_iter()
         .chain(via_nginx.as_ref())
     {
@@ -167,6 +187,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
     }
 
     let mut measured = [
+        Measured::new()?,
         Measured::new()?,
         Measured::new()?,
         Measured::new()?,
@@ -185,13 +206,16 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
             drop(gateway);
             drop(gateway_c);
             drop(gateway_t);
+            drop(gateway_k);
             gateway = Gateway::start(&dir, "idem-b", &spec).await?;
             gateway_c = Gateway::start(&dir, "idem-cb", &spec_c).await?;
             gateway_t = Gateway::start(&dir, "idem-tb", &spec_t).await?;
+            gateway_k = Gateway::start(&dir, "idem-kb", &spec_k).await?;
             idem = Endpoint::new(gateway.addr, Some(KEY));
             idem_c = Endpoint::new(gateway_c.addr, Some(KEY));
             idem_t = Endpoint::new(gateway_t.addr, Some(KEY));
-            for endpoint in [&idem, &idem_c, &idem_t] {
+            idem_k = Endpoint::new(gateway_k.addr, Some(&budgeted_key));
+            for endpoint in [&idem, &idem_c, &idem_t, &idem_k] {
                 load::closed(endpoint.addr, CONNS, warm, load::unique_chats(endpoint)).await?;
             }
         }
@@ -211,6 +235,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
                 (Side::Traced, _, _) => (&idem_t, Box::new(|| gateway_t.proc.cpu())),
                 (Side::Bare, _, _) if closed => (&via_bare, Box::new(|| bare.proc.cpu())),
                 (Side::Bare, _, _) => continue,
+                (Side::Budgeted, _, _) => (&idem_k, Box::new(|| gateway_k.proc.cpu())),
             };
             let make = load::unique_chats(endpoint);
             let calls_before = mock.calls().await?;
@@ -240,7 +265,7 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
             }
         }
     }
-    let [d, n, i, c, t, b] = measured;
+    let [d, n, i, c, t, b, k] = measured;
     let exported = exported.load(std::sync::atomic::Ordering::Relaxed);
     let n = match &proxy {
         Ok((_, found)) => Ok((&n, found.describe())),
@@ -251,7 +276,38 @@ pub async fn run(s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
         translation(&d, &i, &c),
         tracing_cost(&d, &i, &t, exported),
         floor(&d, n.ok().map(|(m, _)| m), &i, &b),
+        admission(&d, &i, &k),
     ])
+}
+
+/// Table 1f: idem asked with a key of the configuration file against one
+/// of the store with a budget and limits, in a tenant with a budget: what
+/// admission costs (the key's windows, a reservation and a settlement
+/// against two budgets per call).
+fn admission(d: &Measured, i: &Measured, k: &Measured) -> Table {
+    let mut t = beside(
+        "1f. Proxy overhead with per-key budgets and limits",
+        ["file key", "store key, budgets, limits", "budgets vs none"],
+        (d, i, k),
+        false,
+    );
+    let added = k.cpu_us() - i.cpu_us();
+    t.row([
+        "(a) CPU per request added by budgets and limits, us".into(),
+        "-".into(),
+        format!("{added:+.1}"),
+        String::new(),
+        format!("< {BUDGET_CPU_US} us"),
+        verdict(added < BUDGET_CPU_US),
+    ]);
+    t.note(
+        "the same rounds as table 1, a sixth side in each: a key of the store with a budget, \
+         requests and tokens per minute (never reached), its tenant with a budget; every request \
+         is a call, which reserves against both budgets in memory (the store only when a \
+         replica's grant runs short) and is settled with the next batched write",
+    );
+    first_errors(&mut t, &[("budgets", k)]);
+    t
 }
 
 /// Table 1e: the bare tokio/hyper proxy beside nginx and idem (closed loop):
@@ -513,7 +569,7 @@ fn overhead(
     ));
     t.note(
         "each round rotates the order of the sides (direct, nginx, idem, idem with an Anthropic target: table 1c, \
-         idem with traces: table 1d, and in (a) a bare tokio/hyper proxy: table 1e); idem logs one JSON \
+         idem with traces: table 1d, in (a) a bare tokio/hyper proxy: table 1e, idem with budgets: table 1f); idem logs one JSON \
          line per request (its default); \
          (b) runs on fresh gateways, warmed up like (a)'s",
     );

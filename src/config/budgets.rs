@@ -14,8 +14,9 @@ use super::{ConfigError, Source};
 pub enum Unpriced {
     /// Refuse it (403 `price_unknown`): its cost could not be counted.
     Refuse,
-    /// Let it through, counted as costing nothing, and count it in
-    /// `idem_budget_unpriced_calls_total`.
+    /// Let it through, counted as costing nothing against the budget
+    /// (its tokens are still counted: `idem_tokens_total`, the request
+    /// log).
     Allow,
 }
 

@@ -222,11 +222,18 @@ pub async fn own(State(app): State<AppState>, headers: HeaderMap) -> Result<Json
             if let Some(o) = v.as_object_mut() {
                 o.remove("metadata");
             }
-            if let Some(w) = &k.requests {
-                v["remaining_requests"] = json!(w.remaining(now));
-            }
-            if let Some(w) = &k.tokens {
-                v["remaining_tokens"] = json!(w.remaining(now));
+            // Read as admission counts them (every replica's, through
+            // Redis when the gateway has it), spending nothing.
+            for (kind, window, field) in [
+                ("rpm", &k.requests, "remaining_requests"),
+                ("tpm", &k.tokens, "remaining_tokens"),
+            ] {
+                if let Some(w) = window {
+                    let left = super::window(&app, &k.id, kind, w, 0, now)
+                        .await
+                        .unwrap_or(0);
+                    v[field] = json!(left);
+                }
             }
             v
         }

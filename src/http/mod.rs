@@ -87,7 +87,7 @@ impl crate::jobs::JobEnv for Shared {
         let live = self.live.load();
         // A key revoked since the job was made still pays for its calls.
         let key = key_id.and_then(|id| self.keys.by_id(id));
-        let budgeted = live.keyring.limits(tenant).is_some_and(|l| l.budgeted);
+        let budgeted = live.keyring.limits(tenant).and_then(|l| l.budget);
         crate::budgets::Payer::of(&self.ledger, tenant, key, budgeted, &live.config.budgets)
     }
 }
@@ -299,7 +299,7 @@ impl Caller {
     /// the tenant has a budget; none when neither.
     pub fn payer(&self, state: &AppState) -> Option<crate::budgets::Payer> {
         let tenant = self.tenant_name()?;
-        let budgeted = self.live.keyring.limits(tenant).is_some_and(|l| l.budgeted);
+        let budgeted = self.live.keyring.limits(tenant).and_then(|l| l.budget);
         crate::budgets::Payer::of(
             &state.ledger,
             tenant,
@@ -353,7 +353,7 @@ impl Caller {
 /// to the next minute)`. Through Redis when the gateway has it (every
 /// replica's requests in one count), else this process's window; a Redis
 /// that fails falls back to the process's window.
-async fn window(
+pub(crate) async fn window(
     state: &AppState,
     id: &str,
     kind: &str,

@@ -809,3 +809,34 @@ async fn a_jobs_calls_are_charged_to_the_key_that_made_it() {
     assert_eq!(app.calls(), 1);
     assert_spent(&app.client, &app.base, &id, cost).await;
 }
+
+/// On the Messages face a budget's refusal is Anthropic's error shape,
+/// and the key is read from `x-api-key` as Anthropic's SDKs send it.
+#[tokio::test]
+async fn a_budget_refusal_on_the_messages_face_is_an_anthropic_error() {
+    let app = TestApp::with(with_priced_routes()).await;
+    let (_, secret, _) = make_key(
+        &app.client,
+        &app.base,
+        json!({"tenant": "acme", "name": "claude", "budget_usd": 0}),
+    )
+    .await;
+    let r = app
+        .client
+        .post(app.url("/v1/messages"))
+        .header("x-api-key", &secret)
+        .header("anthropic-version", "2023-06-01")
+        .json(&json!({"model": "priced", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("budget"),
+        "{v}"
+    );
+    assert_eq!(app.calls(), 0);
+}
