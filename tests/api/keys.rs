@@ -118,6 +118,44 @@ pub async fn spent(client: &reqwest::Client, base: &str, id: &str) -> i64 {
     (v["budget"]["spent_usd"].as_f64().unwrap() * 1e9).round() as i64
 }
 
+/// A chat completion as `key` at the gateway at `base`.
+async fn chat_at(c: &reqwest::Client, base: &str, key: &str, body: &Value) -> reqwest::Response {
+    c.post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// `GET path` as `key` at `base`: (status, body).
+async fn get_at(c: &reqwest::Client, base: &str, key: &str, path: &str) -> (u16, Value) {
+    let r = c
+        .get(format!("{base}{path}"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// `POST path` with a JSON body as `key` at `base`.
+async fn post_at(
+    c: &reqwest::Client,
+    base: &str,
+    key: &str,
+    path: &str,
+    body: &Value,
+) -> reqwest::Response {
+    c.post(format!("{base}{path}"))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 fn with_priced_routes() -> Spec {
     Spec {
         extra: PRICED.into(),
@@ -127,9 +165,11 @@ fn with_priced_routes() -> Spec {
 
 #[tokio::test]
 async fn keys_are_managed_through_the_admin_api_audited_and_in_force_at_once() {
-    let app = TestApp::with(with_priced_routes()).await;
-    let c = &app.client;
-    let base = &app.base;
+    // The real binary, as an operator runs it.
+    let mocks = start_mocks(&Spec::default()).await;
+    let (proc, dir) = Proc::start_default(&mocks).await;
+    let client = client();
+    let (c, base) = (&client, proc.base.as_str());
     // Create: the secret is shown once, the view never shows it again.
     let (id, secret, v) = make_key(
         c,
@@ -150,15 +190,15 @@ async fn keys_are_managed_through_the_admin_api_audited_and_in_force_at_once() {
     let shown = key_view(c, base, &id).await;
     assert!(shown.get("key").is_none() && !shown.to_string().contains(&secret));
     // The key works at once, as its tenant.
-    let r = app.chat(&secret, &chat_body("hello")).await;
+    let r = chat_at(c, base, &secret, &chat_body("hello")).await;
     assert_eq!(r.status(), 200);
-    let (status, mine) = app.get_json(&secret, "/v1/key").await;
+    let (status, mine) = get_at(c, base, &secret, "/v1/key").await;
     assert_eq!(status, 200);
     assert_eq!(mine["tenant"], "acme");
     assert_eq!(mine["key"]["id"], id.as_str());
     assert!(mine["key"].get("metadata").is_none(), "{mine}");
     // Listed, by tenant too.
-    let (_, all) = app.get_json(ADMIN, "/v1/admin/keys").await;
+    let (_, all) = get_at(c, base, ADMIN, "/v1/admin/keys").await;
     assert!(
         all["data"]
             .as_array()
@@ -166,11 +206,11 @@ async fn keys_are_managed_through_the_admin_api_audited_and_in_force_at_once() {
             .iter()
             .any(|k| k["id"] == id.as_str())
     );
-    let (_, beta) = app.get_json(ADMIN, "/v1/admin/keys?tenant=beta").await;
+    let (_, beta) = get_at(c, base, ADMIN, "/v1/admin/keys?tenant=beta").await;
     assert!(beta["data"].as_array().unwrap().is_empty());
     // Changed: null clears, the rest stays.
     let r = c
-        .patch(app.url(&format!("/v1/admin/keys/{id}")))
+        .patch(format!("{base}/v1/admin/keys/{id}"))
         .bearer_auth(ADMIN)
         .json(&json!({"rpm": 100, "models": null}))
         .send()
@@ -188,7 +228,7 @@ async fn keys_are_managed_through_the_admin_api_audited_and_in_force_at_once() {
         json!({"colour": "red"}),
     ] {
         let r = c
-            .patch(app.url(&format!("/v1/admin/keys/{id}")))
+            .patch(format!("{base}/v1/admin/keys/{id}"))
             .bearer_auth(ADMIN)
             .json(&bad)
             .send()
@@ -198,34 +238,37 @@ async fn keys_are_managed_through_the_admin_api_audited_and_in_force_at_once() {
     }
     // Rotated: the old secret stops, the new one works, the spend stays.
     let before = spent(c, base, &id).await;
-    let r = app
-        .post_json(
-            ADMIN,
-            &format!("/v1/admin/keys/{id}/rotate"),
-            &json!({}),
-            &[],
-        )
-        .await;
+    let r = post_at(
+        c,
+        base,
+        ADMIN,
+        &format!("/v1/admin/keys/{id}/rotate"),
+        &json!({}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let rotated: Value = r.json().await.unwrap();
     let fresh = rotated["key"].as_str().unwrap().to_string();
     assert_ne!(fresh, secret);
     assert_eq!(rotated["id"], id.as_str());
-    let r = app.chat(&secret, &chat_body("hello")).await;
+    let r = chat_at(c, base, &secret, &chat_body("hello")).await;
     assert_error(r, 401, "invalid_api_key").await;
-    assert_eq!(app.chat(&fresh, &chat_body("again")).await.status(), 200);
+    assert_eq!(
+        chat_at(c, base, &fresh, &chat_body("again")).await.status(),
+        200
+    );
     assert!(spent(c, base, &id).await >= before);
     // Revoked: refused with a message that says so.
-    let r = app
-        .post_json(
-            ADMIN,
-            &format!("/v1/admin/keys/{id}/revoke"),
-            &json!({}),
-            &[],
-        )
-        .await;
+    let r = post_at(
+        c,
+        base,
+        ADMIN,
+        &format!("/v1/admin/keys/{id}/revoke"),
+        &json!({}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
-    let r = app.chat(&fresh, &chat_body("hello")).await;
+    let r = chat_at(c, base, &fresh, &chat_body("hello")).await;
     let e = assert_error(r, 401, "invalid_api_key").await;
     assert!(
         e["error"]["message"].as_str().unwrap().contains("revoked"),
@@ -233,19 +276,17 @@ async fn keys_are_managed_through_the_admin_api_audited_and_in_force_at_once() {
     );
     assert_eq!(key_view(c, base, &id).await["state"], "revoked");
     // A revoked key cannot be rotated back to life.
-    let r = app
-        .post_json(
-            ADMIN,
-            &format!("/v1/admin/keys/{id}/rotate"),
-            &json!({}),
-            &[],
-        )
-        .await;
+    let r = post_at(
+        c,
+        base,
+        ADMIN,
+        &format!("/v1/admin/keys/{id}/rotate"),
+        &json!({}),
+    )
+    .await;
     assert_error(r, 409, "key_revoked").await;
     // Audited: who, when, what, newest first.
-    let (_, audit) = app
-        .get_json(ADMIN, &format!("/v1/admin/keys/{id}/audit"))
-        .await;
+    let (_, audit) = get_at(c, base, ADMIN, &format!("/v1/admin/keys/{id}/audit")).await;
     let actions: Vec<&str> = audit["data"]
         .as_array()
         .unwrap()
@@ -261,17 +302,19 @@ async fn keys_are_managed_through_the_admin_api_audited_and_in_force_at_once() {
     );
     assert_eq!(audit["data"][2]["change"]["rpm"], 100);
     // Only the admin manages keys.
-    let r = app
-        .post_json(
-            ACME,
-            "/v1/admin/keys",
-            &json!({"tenant": "acme", "name": "x"}),
-            &[],
-        )
-        .await;
+    let r = post_at(
+        c,
+        base,
+        ACME,
+        "/v1/admin/keys",
+        &json!({"tenant": "acme", "name": "x"}),
+    )
+    .await;
     assert_error(r, 403, "admin_key_required").await;
-    let r = c.get(app.url("/v1/admin/keys")).send().await.unwrap();
+    let r = c.get(format!("{base}/v1/admin/keys")).send().await.unwrap();
     assert_eq!(r.status(), 401);
+    drop(proc);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
