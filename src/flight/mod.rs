@@ -143,14 +143,13 @@ pub struct Ask<'a> {
     pub coalesce: bool,
     /// A job attempt: only an answer of this very target serves it.
     pub pinned: bool,
-    /// How long a follower may wait; `None`: the route's `max_wait`.
-    pub max_wait: Option<Duration>,
+    /// A job attempt's rule: how long a late answer still counts. A
+    /// follower then waits that long (`None`: the route's `max_wait`), and
+    /// a call this request leads may take that long, or the provider's
+    /// `timeout` if longer (`None`: the provider's `timeout`).
+    pub late: Option<Duration>,
     /// The span of the request (or attempt) asking, when traces are on.
     pub trace: Option<&'a Trace>,
-    /// How long the upstream call may take when this request leads it;
-    /// `None`: the provider's `timeout`. A job attempt keeps its call
-    /// alive for as long as a late answer still counts.
-    pub call_timeout: Option<Duration>,
     /// Who pays for a call this request leads (none: nobody counts it).
     pub payer: Option<&'a Payer>,
 }
@@ -332,7 +331,11 @@ impl Coalescer {
         {
             let requests: Vec<Arc<Map<String, Value>>> =
                 led.iter().map(|(.., r)| r.clone()).collect();
-            match self.reserve(first, target, &requests).await {
+            let reserved = match first.payer {
+                Some(_) => Box::pin(self.reserve(first, target, &requests)).await,
+                None => Ok(None),
+            };
+            match reserved {
                 Ok(reservation) => {
                     let mut flights = Vec::with_capacity(led.len());
                     for (i, outcome, ticket, request) in led {
@@ -402,7 +405,7 @@ impl Coalescer {
             target: target.index,
         };
         let lease = || ask.route.config.coalesce.lease;
-        let max_wait = ask.max_wait.unwrap_or_else(|| ask.route.max_wait());
+        let max_wait = ask.late.unwrap_or_else(|| ask.route.max_wait());
         loop {
             ask.body.park();
             let joined = Instant::now();
@@ -417,7 +420,8 @@ impl Coalescer {
                             continue;
                         }
                         Joined::Leader(ticket) => {
-                            let mut d = self.lead(ask, target, ticket, Outcome::Leader).await?;
+                            let mut d =
+                                Box::pin(self.lead(ask, target, ticket, Outcome::Leader)).await?;
                             d.waited = Some(joined.elapsed());
                             return Ok(d);
                         }
@@ -447,7 +451,8 @@ impl Coalescer {
                 OnWaitTimeout::Lead => {
                     if let Some(ticket) = self.table.take_over(&flight, lease()) {
                         tracing::warn!(route = %ask.route.name, fp = %ask.fp, "leader lease expired; taking over");
-                        let mut d = self.lead(ask, target, ticket, Outcome::Leader).await?;
+                        let mut d =
+                            Box::pin(self.lead(ask, target, ticket, Outcome::Leader)).await?;
                         d.waited = Some(joined.elapsed());
                         return Ok(d);
                     }
@@ -464,7 +469,9 @@ impl Coalescer {
                                 continue;
                             }
                             Joined::Leader(ticket) => {
-                                let mut d = self.lead(ask, target, ticket, Outcome::Leader).await?;
+                                let mut d =
+                                    Box::pin(self.lead(ask, target, ticket, Outcome::Leader))
+                                        .await?;
                                 d.waited = Some(joined.elapsed());
                                 return Ok(d);
                             }
@@ -511,10 +518,16 @@ impl Coalescer {
                 return Err(e);
             }
         };
-        match self
-            .reserve(ask, target, std::slice::from_ref(&request))
-            .await
-        {
+        if ask.payer.is_none() {
+            // Nobody pays: nothing to wait for.
+            let flight = ticket.flight.clone();
+            self.spawn_leader(ask, target, vec![(ticket, request)], None);
+            return Ok(Delivery::live(outcome, flight));
+        }
+        // Boxed: a reservation's wait (the store, when a grant runs short)
+        // would otherwise enlarge every leading request's future.
+        let reserved = Box::pin(self.reserve(ask, target, std::slice::from_ref(&request))).await;
+        match reserved {
             Ok(reservation) => {
                 let flight = ticket.flight.clone();
                 self.spawn_leader(ask, target, vec![(ticket, request)], reservation);
@@ -576,7 +589,9 @@ impl Coalescer {
                 read_negative: ask.read_negative,
                 write_cache: ask.write_cache,
                 pinned: ask.pinned,
-                call_timeout: ask.call_timeout.unwrap_or(target.provider.timeout),
+                call_timeout: ask.late.map_or(target.provider.timeout, |late| {
+                    late.max(target.provider.timeout)
+                }),
                 forwarded: ask.body.forwarded().clone(),
                 cache: self.cache.clone(),
                 metrics: self.metrics.clone(),
@@ -681,8 +696,7 @@ mod tests {
             write_cache: true,
             coalesce: true,
             pinned: false,
-            max_wait: None,
-            call_timeout: None,
+            late: None,
             trace: None,
             payer: None,
         }

@@ -247,8 +247,10 @@ async fn admit(
     let started = Instant::now();
     let tenant = caller.tenant().map_err(|e| refused(&app, None, None, e))?;
     if caller.key.is_some() {
-        caller
-            .limit_key(&app)
+        // Boxed: only keys of the store have windows, and their wait (a
+        // Redis round trip) would otherwise enlarge every request's
+        // future.
+        Box::pin(caller.limit_key(&app))
             .await
             .map_err(|e| refused(&app, Some(&tenant), None, e))?;
     }
@@ -281,7 +283,6 @@ async fn admit(
     caller
         .may_use(&route)
         .map_err(|e| refused(&app, Some(&tenant), Some(&route.name), e))?;
-    let payer = caller.payer(&app);
     let asked = Asked {
         dialect,
         stream: req.stream,
@@ -316,6 +317,9 @@ async fn admit(
             Err(e) => Err(refused(&app, Some(&tenant), Some(&route.name), e)),
         };
     }
+    // Made after the job path's wait, so that it is not kept across it
+    // (a job pays with the key it records).
+    let payer = caller.payer(&app);
     let body = match (send, raw) {
         // A Responses request that continues a stored one is sent with the
         // conversation spelled out: no bytes of its own to parse again.

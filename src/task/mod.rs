@@ -100,8 +100,7 @@ impl Task<'_> {
             write_cache: self.policy.write,
             coalesce: cfg.coalesce.enabled && self.policy.coalesce,
             pinned: false,
-            max_wait: None,
-            call_timeout: None,
+            late: None,
             trace: self.trace,
             payer: self.payer,
         }
@@ -288,8 +287,7 @@ impl Core {
             write_cache: true,
             coalesce: cfg.coalesce.enabled && rules.share,
             pinned: true,
-            max_wait: Some(rules.late),
-            call_timeout: Some(rules.late.max(target.provider.timeout)),
+            late: Some(rules.late),
             ..task.ask()
         };
         self.coalescer.via_target(&ask, target).await
