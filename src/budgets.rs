@@ -19,10 +19,13 @@
 //! heartbeat. A grant has a lease, renewed by the heartbeat: a replica that
 //! dies holding reservations holds them no longer than the lease.
 //! Settling adds the real cost to the spend and takes the reservation off
-//! the grant: at once in this replica's memory, and in the store with the
-//! other settlements of the last `budgets.flush_interval`, one statement
-//! per spender ([`Ledger::flush`]). Until then the store still counts the
-//! reservation in the grant, never less than the call cost.
+//! the grant: at once in this replica's memory, and in the store before
+//! anybody gets the answer, in one transaction with every other
+//! settlement ready at that moment (group commit: while one batch is
+//! written the next gathers, so a busy replica writes once per batch, not
+//! once per call). A process killed after answering has written what the
+//! answer cost; one killed before has not, and its grant, which still
+//! holds the call's reservation, ends with its lease.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Unpriced;
 use crate::keys::Key;
 use crate::prices::{Price, Tokens, dollars, nanos};
-use crate::store::{Store, now_ms};
+use crate::store::{Settlement, Store, now_ms};
 
 /// Why a call may not go upstream.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -88,16 +91,39 @@ pub struct Ledger {
     /// When the grants' leases were last renewed; past the lease, the
     /// store may have released them, and nothing is reserved locally.
     renewed: Mutex<Instant>,
-    /// Settlements not yet written, by spender.
-    unwritten: Mutex<std::collections::HashMap<String, Unwritten>>,
+    /// Settlements not yet written.
+    pending: Mutex<Pending>,
+    /// Every batch below this one was written (or tried, and kept for the
+    /// next).
+    written: tokio::sync::watch::Sender<u64>,
 }
 
-/// A spender's settlements since the last flush.
+/// Settlements waiting for the store, and whether somebody writes them.
+#[derive(Default)]
+struct Pending {
+    /// By spender.
+    by_scope: std::collections::HashMap<String, Unwritten>,
+    /// The batch a settlement joins now: the one after what is being
+    /// written.
+    batch: u64,
+    /// A writer is at work: it takes batch after batch until none is left.
+    writing: bool,
+}
+
+/// A spender's settlements of one batch.
 #[derive(Default, Clone, Copy)]
 struct Unwritten {
     reserved: i64,
     spent: i64,
     calls: i64,
+}
+
+impl Unwritten {
+    fn add(&mut self, other: Unwritten) {
+        self.reserved += other.reserved;
+        self.spent = self.spent.saturating_add(other.spent);
+        self.calls += other.calls;
+    }
 }
 
 /// A spender a call is charged to, and whether it has a limit (one
@@ -211,7 +237,8 @@ impl Ledger {
             lease,
             scopes: DashMap::new(),
             renewed: Mutex::new(Instant::now()),
-            unwritten: Mutex::new(std::collections::HashMap::new()),
+            pending: Mutex::new(Pending::default()),
+            written: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -267,7 +294,7 @@ impl Ledger {
     }
 
     async fn reserve_in(
-        &self,
+        self: &Arc<Self>,
         scope: &Scope,
         spender: &Spender,
         amount: i64,
@@ -302,15 +329,8 @@ impl Ledger {
             (need, extra)
         };
         // Settlements not yet written would count against this grant as
-        // reservations: write this spender's first.
-        let pending = self
-            .unwritten
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&scope.name);
-        if let Some(u) = pending {
-            self.write(&scope.name, u).await;
-        }
+        // reservations: they are written first.
+        self.flush().await;
         let now = now_ms();
         let lease_until = now + i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         let granted = self
@@ -423,33 +443,83 @@ impl Ledger {
         });
     }
 
-    /// Writes the settlements made since the last flush, one statement per
-    /// spender. One the store refuses stays for the next flush (its
-    /// reservation stays on the grant meanwhile: counted, never free).
-    pub async fn flush(&self) {
-        let batch: Vec<(String, Unwritten)> = {
-            let mut u = self.unwritten.lock().unwrap_or_else(|p| p.into_inner());
-            u.drain().collect()
+    /// Writes every settlement not written yet (the timer's retry of a
+    /// batch the store refused, and the last write at a stop), and returns
+    /// once they were written or tried.
+    pub async fn flush(self: &Arc<Self>) {
+        let (last, start) = {
+            let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if p.by_scope.is_empty() {
+                if !p.writing {
+                    return;
+                }
+                // What is being written: the batch before the gathering one.
+                (p.batch.saturating_sub(1), false)
+            } else {
+                let start = !p.writing;
+                p.writing = true;
+                (p.batch, start)
+            }
         };
-        for (scope, u) in batch {
-            self.write(&scope, u).await;
+        if start {
+            self.clone().write_batches().await;
+        } else {
+            self.written_past(last).await;
         }
     }
 
-    /// Writes one spender's settlements; kept for the next flush if the
-    /// store refuses.
-    async fn write(&self, scope: &str, u: Unwritten) {
-        let written = self
-            .store
-            .settle(scope, &self.holder, u.reserved, u.spent, u.calls, now_ms())
-            .await;
-        if let Err(e) = written {
-            tracing::warn!(error = %e, %scope, "cannot record spend yet: tried again at the next flush");
-            let mut all = self.unwritten.lock().unwrap_or_else(|p| p.into_inner());
-            let again = all.entry(scope.to_string()).or_default();
-            again.reserved += u.reserved;
-            again.spent = again.spent.saturating_add(u.spent);
-            again.calls += u.calls;
+    /// Waits until batch `batch` was written or tried; a store that does
+    /// not answer is waited for a third of the lease at most (the grant
+    /// counts the calls' reservations meanwhile, and the batch stays for
+    /// the next try).
+    async fn written_past(&self, batch: u64) {
+        let mut written = self.written.subscribe();
+        let _ = tokio::time::timeout(self.lease / 3, written.wait_for(|w| *w > batch)).await;
+    }
+
+    /// The writer: takes the gathered batch, writes it in one transaction,
+    /// and goes on while more gathered meanwhile. A batch the store
+    /// refuses goes back to the pending settlements and the writer stops:
+    /// the next settlement or the timer (`budgets.flush_interval`) tries
+    /// again.
+    async fn write_batches(self: Arc<Self>) {
+        loop {
+            let (batch, work) = {
+                let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                if p.by_scope.is_empty() {
+                    p.writing = false;
+                    return;
+                }
+                let batch = p.batch;
+                p.batch += 1;
+                (batch, std::mem::take(&mut p.by_scope))
+            };
+            let settlements: Vec<Settlement> = work
+                .iter()
+                .map(|(scope, u)| Settlement {
+                    scope: scope.clone(),
+                    reserved: u.reserved,
+                    spent: u.spent,
+                    calls: u.calls,
+                })
+                .collect();
+            let refused = self
+                .store
+                .settle(&self.holder, &settlements, now_ms())
+                .await
+                .err();
+            if let Some(e) = &refused {
+                tracing::warn!(error = %e, "cannot record spend yet: tried again shortly");
+                let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                for (scope, u) in work {
+                    p.by_scope.entry(scope).or_default().add(u);
+                }
+                p.writing = false;
+            }
+            self.written.send_replace(batch + 1);
+            if refused.is_some() {
+                return;
+            }
         }
     }
 
@@ -464,9 +534,10 @@ impl Ledger {
 
 impl Reservation {
     /// Settles the call at its real cost (nano-dollars): off this
-    /// replica's grants at once, into every spender's spend with the next
-    /// [`Ledger::flush`].
-    pub fn settle(mut self, cost: i64, tokens: Option<&Tokens>) {
+    /// replica's grants at once, into every spender's spend in the store
+    /// before it returns (with the other settlements ready at that
+    /// moment). Dropped while it waits, the write still happens.
+    pub async fn settle(mut self, cost: i64, tokens: Option<&Tokens>) {
         self.done = true;
         let now = now_ms();
         if let (Some(key), Some(t)) = (&self.key, tokens)
@@ -474,27 +545,42 @@ impl Reservation {
         {
             w.add(t.input.saturating_add(t.output), now);
         }
-        let mut unwritten = self
-            .ledger
-            .unwritten
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        for (scope, amount) in &self.parts {
-            {
-                let mut l = scope.local.lock().unwrap_or_else(|p| p.into_inner());
-                l.reserved -= amount;
-                l.granted = (l.granted - amount).max(0);
+        let (batch, start) = {
+            let mut p = self
+                .ledger
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for (scope, amount) in &self.parts {
+                {
+                    let mut l = scope.local.lock().unwrap_or_else(|p| p.into_inner());
+                    l.reserved -= amount;
+                    l.granted = (l.granted - amount).max(0);
+                }
+                p.by_scope
+                    .entry(scope.name.clone())
+                    .or_default()
+                    .add(Unwritten {
+                        reserved: *amount,
+                        spent: cost,
+                        calls: 1,
+                    });
             }
-            let u = unwritten.entry(scope.name.clone()).or_default();
-            u.reserved += amount;
-            u.spent = u.spent.saturating_add(cost);
-            u.calls += 1;
+            for scope in &self.counted {
+                p.by_scope.entry(scope.clone()).or_default().add(Unwritten {
+                    reserved: 0,
+                    spent: cost,
+                    calls: 1,
+                });
+            }
+            let start = !p.writing;
+            p.writing = true;
+            (p.batch, start)
+        };
+        if start {
+            tokio::spawn(self.ledger.clone().write_batches());
         }
-        for scope in &self.counted {
-            let u = unwritten.entry(scope.clone()).or_default();
-            u.spent = u.spent.saturating_add(cost);
-            u.calls += 1;
-        }
+        self.ledger.written_past(batch).await;
     }
 }
 
@@ -551,8 +637,8 @@ pub async fn set_tenant_budgets(
     Ok(())
 }
 
-/// Runs the ledger until `stop`: its flush every `flush` and its heartbeat
-/// every lease/3; at `stop`, a last flush.
+/// Runs the ledger until `stop`: every `flush`, a retry of settlements the
+/// store refused; every lease/3, its heartbeat; at `stop`, a last flush.
 pub async fn run(ledger: Arc<Ledger>, flush: Duration, stop: CancellationToken) {
     let mut beat = tokio::time::interval((ledger.lease / 3).max(Duration::from_millis(50)));
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -732,9 +818,11 @@ mod tests {
             matches!(third, Err(BudgetError::Exceeded { .. })),
             "a third reservation fit a budget of two"
         );
-        // Settled below its reservation: the difference is free again.
-        first.settle(400, None);
-        ledger.flush().await;
+        // Settled below its reservation: in the store when settling
+        // returns, and the difference is free again.
+        first.settle(400, None).await;
+        let b = s.budget("key:k", now_ms()).await.unwrap().unwrap();
+        assert_eq!((b.spent_nanos, b.calls), (400, 1));
         assert!(ledger.reserve(&who, 1_000).await.is_err(), "600 left");
         drop(second);
         let again = ledger.reserve(&who, 1_000).await.unwrap();

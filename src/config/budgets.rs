@@ -32,10 +32,9 @@ pub struct BudgetsConfig {
     /// the reservations of a replica that died are released after it.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
-    /// How often each replica writes the spend of the calls it settled
-    /// (one statement per key or tenant): the store's figures lag by at
-    /// most this, and a process killed loses at most this much of its
-    /// spend records (their reservations end with the lease).
+    /// How soon settlements the store refused to write are tried again.
+    /// (A call's spend is written before its answer goes, with the other
+    /// settlements ready at that moment; this timer only retries.)
     #[serde(with = "humantime_serde")]
     pub flush_interval: Duration,
     /// The output a request that sets no `max_tokens` (or

@@ -315,8 +315,8 @@ async fn call_and_settle(call: &Call, led: Vec<Led>) {
                 t.price,
             );
         }
-        // Settled before anybody gets the answer's end (in the store with
-        // the next flush of the ledger).
+        // Settled, in the store, before anybody gets the answer's end: a
+        // process killed after answering has recorded what it cost.
         let reservation = call
             .reservation
             .lock()
@@ -340,7 +340,7 @@ async fn call_and_settle(call: &Call, led: Vec<Led>) {
                 }
                 _ => 0,
             };
-            r.settle(cost, tokens.as_ref());
+            r.settle(cost, tokens.as_ref()).await;
         }
     }
     // On a contract route nothing reaches a follower, the cache or a job

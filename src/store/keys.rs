@@ -102,6 +102,17 @@ pub struct BudgetRecord {
     pub reserved_nanos: i64,
 }
 
+/// Calls settled against one spender: what they had reserved (taken off
+/// the holder's grant), what they cost, how many.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settlement {
+    /// `key:<id>` or `tenant:<name>`.
+    pub scope: String,
+    pub reserved: i64,
+    pub spent: i64,
+    pub calls: i64,
+}
+
 /// The length of a key's budget period: `1d`, `7d` or `30d` in
 /// milliseconds; None for anything else.
 pub fn period_ms(text: &str) -> Option<i64> {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use keys::{AuditEntry, BudgetRecord, KeyChange, KeyRecord, period_ms};
+pub use keys::{AuditEntry, BudgetRecord, KeyChange, KeyRecord, Settlement, period_ms};
 
 /// Storage failures.
 #[derive(Debug, thiserror::Error)]
@@ -666,23 +666,16 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
     ) -> Result<Option<i64>>;
 
-    /// Settles `calls` calls against budget `scope`, in one transaction
-    /// that holds the row: a period that has elapsed at `now` moves on;
-    /// `spent` (their real cost, which may exceed what they reserved) is
-    /// added to the period's and the total spend, and `calls` to the
-    /// count; `holder`'s grant shrinks by `reserved` (what they had
-    /// reserved; not below 0, and a grant that reaches 0 is removed). A
-    /// scope without a budget row gets one without a limit, so that the
-    /// spend of keys without a budget is counted too.
-    async fn settle(
-        &self,
-        scope: &str,
-        holder: &str,
-        reserved: i64,
-        spent: i64,
-        calls: i64,
-        now: i64,
-    ) -> Result<()>;
+    /// Settles calls against their spenders, every spender of `batch` in
+    /// one transaction (a batch is written whole or not at all), each
+    /// holding its row: a period that has elapsed at `now` moves on;
+    /// `spent` (the calls' real cost, which may exceed what they reserved)
+    /// is added to the period's and the total spend, and `calls` to the
+    /// count; `holder`'s grant shrinks by `reserved` (not below 0, and a
+    /// grant that reaches 0 is removed). A scope without a budget row gets
+    /// one without a limit, so that the spend of keys without a budget is
+    /// counted too.
+    async fn settle(&self, holder: &str, batch: &[Settlement], now: i64) -> Result<()>;
 
     /// Gives back `amount` of `holder`'s grant of `scope` (not below 0; a
     /// grant that reaches 0 is removed). Its lease stays as it is.

@@ -37,7 +37,7 @@ use super::rows::{self, AttemptRow, BudgetRow, CertificationRow, JobRow, KeyRow}
 use super::{
     AttemptRecord, AttemptResult, AttemptState, AuditEntry, Backend, BudgetRecord, Certification,
     Chooser, ClaimedJob, Completion, Created, Cursor, JobRecord, JobState, KeyChange, KeyRecord,
-    NewJob, Result, StartAttempt, Store, StoreError, StoredResponse, period_ms,
+    NewJob, Result, Settlement, StartAttempt, Store, StoreError, StoredResponse, period_ms,
 };
 
 /// What one database does differently; everything else is shared.
@@ -1303,42 +1303,40 @@ where
         Ok(Some(granted))
     }
 
-    async fn settle(
-        &self,
-        scope: &str,
-        holder: &str,
-        reserved: i64,
-        spent: i64,
-        calls: i64,
-        now: i64,
-    ) -> Result<()> {
+    async fn settle(&self, holder: &str, batch: &[Settlement], now: i64) -> Result<()> {
+        // Rows are locked in the order of their scope, on every replica: two
+        // batches never wait for each other in a circle.
+        let mut sorted: Vec<&Settlement> = batch.iter().collect();
+        sorted.sort_by(|a, b| a.scope.cmp(&b.scope));
         let mut tx = self.begin_write().await?;
-        // One statement for the row, which it locks until the commit. A
-        // period that has elapsed moves on by whole periods and its spend
-        // starts from 0, as `current_period` computes it.
-        sqlx::query(
-            "INSERT INTO budgets (scope, period_start, spent_nanos, total_nanos, calls)
-             VALUES ($1, $2, $3, $3, $4)
-             ON CONFLICT (scope) DO UPDATE
-             SET period_start = CASE
-                     WHEN budgets.period_ms > 0 AND $2 >= budgets.period_start + budgets.period_ms
-                     THEN budgets.period_start
-                          + ($2 - budgets.period_start) / budgets.period_ms * budgets.period_ms
-                     ELSE budgets.period_start END,
-                 spent_nanos = CASE
-                     WHEN budgets.period_ms > 0 AND $2 >= budgets.period_start + budgets.period_ms
-                     THEN 0 ELSE budgets.spent_nanos END + $3,
-                 total_nanos = budgets.total_nanos + $3,
-                 calls = budgets.calls + $4",
-        )
-        .bind(scope)
-        .bind(now)
-        .bind(spent)
-        .bind(calls)
-        .execute(&mut *tx)
-        .await?;
-        if reserved > 0 {
-            shrink_grant::<D>(&mut *tx, scope, holder, reserved, None).await?;
+        for s in sorted {
+            // One statement for the row, which it locks until the commit.
+            // A period that has elapsed moves on by whole periods and its
+            // spend starts from 0, as `current_period` computes it.
+            sqlx::query(
+                "INSERT INTO budgets (scope, period_start, spent_nanos, total_nanos, calls)
+                 VALUES ($1, $2, $3, $3, $4)
+                 ON CONFLICT (scope) DO UPDATE
+                 SET period_start = CASE
+                         WHEN budgets.period_ms > 0 AND $2 >= budgets.period_start + budgets.period_ms
+                         THEN budgets.period_start
+                              + ($2 - budgets.period_start) / budgets.period_ms * budgets.period_ms
+                         ELSE budgets.period_start END,
+                     spent_nanos = CASE
+                         WHEN budgets.period_ms > 0 AND $2 >= budgets.period_start + budgets.period_ms
+                         THEN 0 ELSE budgets.spent_nanos END + $3,
+                     total_nanos = budgets.total_nanos + $3,
+                     calls = budgets.calls + $4",
+            )
+            .bind(s.scope.as_str())
+            .bind(now)
+            .bind(s.spent)
+            .bind(s.calls)
+            .execute(&mut *tx)
+            .await?;
+            if s.reserved > 0 {
+                shrink_grant::<D>(&mut *tx, &s.scope, holder, s.reserved, None).await?;
+            }
         }
         tx.commit().await?;
         Ok(())

@@ -21,7 +21,7 @@ use super::sqlite::SqliteStore;
 use super::{
     AttemptRecord, AttemptResult, AttemptState, AuditEntry, Backend, BudgetRecord, Certification,
     ClaimedJob, Completion, Created, Cursor, JobRecord, JobState, KeyChange, KeyRecord, NewAttempt,
-    NewJob, StartAttempt, Store, StoredResponse,
+    NewJob, Settlement, StartAttempt, Store, StoredResponse,
 };
 
 // ---------------------------------------------------------------------------
@@ -1822,6 +1822,15 @@ async fn responses_are_kept_per_tenant(s: Arc<dyn Store>) {
 
 const DAY: i64 = 86_400_000;
 
+fn settlement(scope: &str, reserved: i64, spent: i64, calls: i64) -> Settlement {
+    Settlement {
+        scope: scope.to_owned(),
+        reserved,
+        spent,
+        calls,
+    }
+}
+
 fn key_record(id: &str, tenant: &str, created_at: i64) -> KeyRecord {
     KeyRecord {
         id: id.to_owned(),
@@ -1935,7 +1944,7 @@ async fn keys_update_sets_and_clears(s: Arc<dyn Store>) {
     k.metadata = Some(r#"{"team":"support"}"#.to_owned());
     k.budget_nanos = Some(1_000);
     create_key(&*s, &k).await;
-    s.settle("key:key_a", "gw-1", 0, 300, 1, T0 + 1)
+    s.settle("gw-1", &[settlement("key:key_a", 0, 300, 1)], T0 + 1)
         .await
         .unwrap();
 
@@ -2059,7 +2068,7 @@ async fn keys_revoke_and_rotate(s: Arc<dyn Store>) {
     let mut k = key_record("key_a", "t1", T0);
     k.budget_nanos = Some(1_000);
     create_key(&*s, &k).await;
-    s.settle("key:key_a", "gw-1", 0, 250, 1, T0 + 1)
+    s.settle("gw-1", &[settlement("key:key_a", 0, 250, 1)], T0 + 1)
         .await
         .unwrap();
 
@@ -2354,7 +2363,9 @@ async fn grant_concurrent_never_exceeds_budget(s: Arc<dyn Store>) {
     let holders: Vec<String> = by_holder.keys().cloned().collect();
     for i in 0..4 {
         let holder = &holders[i % holders.len()];
-        s.settle(scope, holder, UNIT, 40, 1, T0 + 1).await.unwrap();
+        s.settle(holder, &[settlement(scope, UNIT, 40, 1)], T0 + 1)
+            .await
+            .unwrap();
     }
     let b = budget(&*s, scope, T0 + 1).await;
     assert_eq!(
@@ -2381,7 +2392,7 @@ async fn grant_concurrent_never_exceeds_budget(s: Arc<dyn Store>) {
         None
     );
     // A call that cost more than it reserved is counted in full.
-    s.settle(scope, "gw-new", UNIT, 150, 1, T0 + 3)
+    s.settle("gw-new", &[settlement(scope, UNIT, 150, 1)], T0 + 3)
         .await
         .unwrap();
     let b = budget(&*s, scope, T0 + 3).await;
@@ -2486,7 +2497,9 @@ async fn grant_period_rollover(s: Arc<dyn Store>) {
         s.grant(scope, "gw", 600, 0, lease, T0).await.unwrap(),
         Some(600)
     );
-    s.settle(scope, "gw", 600, 600, 1, T0 + 10).await.unwrap();
+    s.settle("gw", &[settlement(scope, 600, 600, 1)], T0 + 10)
+        .await
+        .unwrap();
     assert_eq!(
         s.grant(scope, "gw", 500, 0, lease, T0 + 20).await.unwrap(),
         None
@@ -2518,7 +2531,7 @@ async fn grant_period_rollover(s: Arc<dyn Store>) {
         (T0 + 2 * DAY, 0, 600, 1, 500)
     );
     // A settlement moves it on too.
-    s.settle(scope, "gw", 500, 100, 1, T0 + 3 * DAY + 1)
+    s.settle("gw", &[settlement(scope, 500, 100, 1)], T0 + 3 * DAY + 1)
         .await
         .unwrap();
     let b = budget(&*s, scope, T0 + 3 * DAY + 2).await;
@@ -2565,10 +2578,21 @@ async fn grant_unlimited_and_settle_without_row(s: Arc<dyn Store>) {
     assert_eq!(s.budgets(T0).await.unwrap(), vec![]);
 
     // A settlement creates the row, without a limit, and counts the spend.
-    s.settle("key:free", "gw", 1_000_005, 70, 1, T0 + 1)
+    s.settle("gw", &[settlement("key:free", 1_000_005, 70, 1)], T0 + 1)
         .await
         .unwrap();
-    s.settle("key:free", "gw", 0, 30, 1, T0 + 2).await.unwrap();
+    // A batch settles every spender in it: here the key and its tenant.
+    s.settle(
+        "gw",
+        &[
+            settlement("tenant:free", 0, 30, 1),
+            settlement("key:free", 0, 30, 1),
+        ],
+        T0 + 2,
+    )
+    .await
+    .unwrap();
+    assert_eq!(budget(&*s, "tenant:free", T0 + 3).await.spent_nanos, 30);
     assert_eq!(
         budget(&*s, "key:free", T0 + 3).await,
         BudgetRecord {
@@ -2587,7 +2611,7 @@ async fn grant_unlimited_and_settle_without_row(s: Arc<dyn Store>) {
     s.set_budget("tenant:t1", None, Some(DAY), T0)
         .await
         .unwrap();
-    s.settle("tenant:t1", "gw", 0, i64::MAX / 4, 1, T0)
+    s.settle("gw", &[settlement("tenant:t1", 0, i64::MAX / 4, 1)], T0)
         .await
         .unwrap();
     assert_eq!(
@@ -2610,5 +2634,5 @@ async fn grant_unlimited_and_settle_without_row(s: Arc<dyn Store>) {
         .into_iter()
         .map(|b| b.scope)
         .collect();
-    assert_eq!(scopes, ["key:free", "tenant:t1"]);
+    assert_eq!(scopes, ["key:free", "tenant:free", "tenant:t1"]);
 }

@@ -110,14 +110,22 @@ async fn three_replicas_never_overspend_and_a_killed_replicas_reservations_are_r
 
     // A replica killed while its calls hold the whole budget: the others
     // refuse until its lease ends, then serve; its calls, whose answers
-    // it never got, are not counted, and nothing is counted twice.
+    // it never got, are not counted, and nothing is counted twice. What
+    // it answered just before it died (another key's calls) is counted.
     let (id, secret, _) = make_key(
         &c,
         cluster.base(0),
         json!({"tenant": "acme", "name": "survivor", "budget_usd": usd(budget)}),
     )
     .await;
+    let (paid_id, paid, _) = make_key(
+        &c,
+        cluster.base(0),
+        json!({"tenant": "acme", "name": "paid", "budget_usd": usd(budget)}),
+    )
+    .await;
     in_force_everywhere(&cluster, &secret, 3).await;
+    in_force_everywhere(&cluster, &paid, 3).await;
     let calls = cluster.mocks.primary.stats().calls;
     let doomed: Vec<_> = (300..310)
         .map(|i| {
@@ -125,10 +133,27 @@ async fn three_replicas_never_overspend_and_a_killed_replicas_reservations_are_r
             tokio::spawn(async move { ask(&c, &base, &key, i).await })
         })
         .collect();
-    held(&cluster.mocks.primary, 10).await;
+    let doomed_seqs = held(&cluster.mocks.primary, 10).await;
     assert_eq!(cluster.mocks.primary.stats().calls, calls + 10);
     let (status, body) = ask(&c, cluster.base(0), &secret, 400).await;
     assert_eq!(status, 429, "{body}");
+    let answered: Vec<_> = (600..605)
+        .map(|i| {
+            let (c, base, key) = (c.clone(), cluster.base(2).to_string(), paid.clone());
+            tokio::spawn(async move { ask(&c, &base, &key, i).await })
+        })
+        .collect();
+    for seq in held(&cluster.mocks.primary, 15).await {
+        if !doomed_seqs.contains(&seq) {
+            release(&cluster.mocks.primary, Some(seq)).await;
+        }
+    }
+    let mut paid_cost = 0;
+    for (status, body) in collect(answered).await {
+        assert_eq!(status, 200, "{body}");
+        paid_cost += cost_of(&body);
+    }
+    // At once: nothing a timer writes has had the time to.
     cluster.procs[2].signal("KILL");
     for t in doomed {
         let _ = t.await;
@@ -161,6 +186,7 @@ async fn three_replicas_never_overspend_and_a_killed_replicas_reservations_are_r
     );
     let mut cost = cost_of(&served.unwrap());
     assert_spent(&c, cluster.base(1), &id, cost).await;
+    assert_spent(&c, cluster.base(1), &paid_id, paid_cost).await;
     // The rest of the budget, spent by calls that each cost less than they
     // reserved: as many fit as their settlements leave room for.
     let rest: Vec<_> = (500..520)

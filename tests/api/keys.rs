@@ -94,9 +94,10 @@ pub async fn key_view(client: &reqwest::Client, base: &str, id: &str) -> Value {
     r.json().await.unwrap()
 }
 
-/// Waits until the store says key `id` spent `expected` nano-dollars
-/// (each replica writes its settlements every `budgets.flush_interval`),
-/// and fails if it does not within 5 s.
+/// Waits until the store says key `id` spent `expected` nano-dollars, and
+/// fails if it does not within 5 s (an answer's spend is written before
+/// the answer goes; the wait is for the figures of a key read on another
+/// replica, and for reservations ended by a lease).
 pub async fn assert_spent(client: &reqwest::Client, base: &str, id: &str, expected: i64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -483,6 +484,102 @@ async fn concurrent_requests_never_overspend_a_budget() {
     }
     assert_spent(&app.client, &app.base, &id, cost).await;
     assert!(cost <= budget, "overspent: {cost} > {budget}");
+}
+
+/// A gateway killed right after answering: after a restart on the same
+/// store, every answer its clients received is in the key's spend (it is
+/// written before the answer goes), and the calls it held when it died
+/// are not, their reservations free again once its lease ended.
+#[tokio::test]
+async fn a_killed_gateway_has_recorded_the_spend_of_every_answer_it_gave() {
+    let spec = Spec {
+        // The timer that retries refused writes runs every second: the
+        // kill comes well before it, so what is in the store is what
+        // answering wrote.
+        extra: format!("{PRICED}\n[budgets]\nlease = \"3s\"\nflush_interval = \"1s\"\n"),
+        ..holding()
+    };
+    let mocks = start_mocks(&spec).await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let config = dir.join("idem.toml");
+    std::fs::write(&config, config_text(&spec, &mocks, &db, "127.0.0.1:0")).unwrap();
+    let gateway = Proc::start(&config, &[]).await;
+    let c = client();
+    let w = worst(0);
+    let (id, secret, _) = make_key(
+        &c,
+        &gateway.base,
+        json!({"tenant": "acme", "name": "killed", "budget_usd": usd(10 * w)}),
+    )
+    .await;
+    // Ten calls at the provider: five answered, then the process dies
+    // holding the other five.
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let (c, base, key) = (c.clone(), gateway.base.clone(), secret.clone());
+            tokio::spawn(async move {
+                let r = c
+                    .post(format!("{base}/v1/chat/completions"))
+                    .bearer_auth(key)
+                    .json(&priced(i))
+                    .send()
+                    .await
+                    .ok()?;
+                assert_eq!(r.status(), 200);
+                r.json::<Value>().await.ok()
+            })
+        })
+        .collect();
+    let seqs = held(&mocks.primary, 10).await;
+    for s in &seqs[..5] {
+        release(&mocks.primary, Some(*s)).await;
+    }
+    eventually(Duration::from_secs(10), || {
+        tasks.iter().filter(|t| t.is_finished()).count() >= 5
+    })
+    .await;
+    gateway.signal("KILL");
+    let mut cost = 0;
+    let mut answered = 0;
+    for t in tasks {
+        if let Some(body) = t.await.unwrap() {
+            answered += 1;
+            cost += cost_of(&body);
+        }
+    }
+    assert_eq!(answered, 5);
+    drop(gateway);
+    mocks
+        .primary
+        .set_behaviour(idem::mock_upstream::Behaviour::default());
+    release(&mocks.primary, None).await;
+    let gateway = Proc::start(&config, &[]).await;
+    assert_eq!(
+        spent(&c, &gateway.base, &id).await,
+        cost,
+        "spend lost with the process"
+    );
+    // The dead process's five reservations end with its lease: then the
+    // rest of the budget serves as many worst cases as it holds.
+    let fit = usize::try_from((10 * w - cost) / w).unwrap();
+    let mut ok = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ok < fit {
+        let r = chat_at(&c, &gateway.base, &secret, &priced(100 + ok)).await;
+        if r.status() == 200 {
+            cost += cost_of(&r.json().await.unwrap());
+            ok += 1;
+        } else {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dead process's reservations were kept"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_spent(&c, &gateway.base, &id, cost).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A wave of 500 identical requests from one key whose budget holds one
