@@ -60,6 +60,23 @@ pub fn cost_of(answer: &Value) -> i64 {
     idem::budgets::real_cost(&price(), Some(&tokens), 0)
 }
 
+/// The cost of the answers among `results` and how many were refused for
+/// a budget (429 `budget_exceeded`); any other outcome fails the test.
+pub fn tally(results: Vec<(u16, Value)>) -> (i64, usize) {
+    let (mut cost, mut refused) = (0, 0);
+    for (status, body) in results {
+        match status {
+            200 => cost += cost_of(&body),
+            429 => {
+                assert_eq!(body["error"]["code"], "budget_exceeded", "{body}");
+                refused += 1;
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    (cost, refused)
+}
+
 /// Makes a key through the admin API at `base`: (id, secret, view).
 pub async fn make_key(
     client: &reqwest::Client,
@@ -438,7 +455,6 @@ async fn concurrent_requests_never_overspend_a_budget() {
     // Ten calls reach the provider and are held there; every other request
     // is refused meanwhile, without a call.
     held(&app.mock, 10).await;
-    let mut refused = 0;
     eventually(Duration::from_secs(30), || {
         first.iter().filter(|t| t.is_finished()).count() >= 190
     })
@@ -449,17 +465,7 @@ async fn concurrent_requests_never_overspend_a_budget() {
         "calls past the budget reached the provider"
     );
     release(&app.mock, None).await;
-    let mut cost = 0;
-    for (status, body) in collect(first).await {
-        match status {
-            200 => cost += cost_of(&body),
-            429 => {
-                assert_eq!(body["error"]["code"], "budget_exceeded", "{body}");
-                refused += 1;
-            }
-            other => panic!("{other}: {body}"),
-        }
-    }
+    let (mut cost, refused) = tally(collect(first).await);
     assert_eq!(refused, 190);
     assert_spent(&app.client, &app.base, &id, cost).await;
     assert!(cost <= budget && cost < 10 * w, "{cost} {budget}");
@@ -475,13 +481,7 @@ async fn concurrent_requests_never_overspend_a_budget() {
     let fit = usize::try_from((budget - cost) / w).unwrap();
     assert_eq!(calls, 10 + fit as u64, "after settlement");
     release(&app.mock, None).await;
-    for (status, body) in collect(second).await {
-        if status == 200 {
-            cost += cost_of(&body);
-        } else {
-            assert_eq!(body["error"]["code"], "budget_exceeded", "{body}");
-        }
-    }
+    cost += tally(collect(second).await).0;
     assert_spent(&app.client, &app.base, &id, cost).await;
     assert!(cost <= budget, "overspent: {cost} > {budget}");
 }
