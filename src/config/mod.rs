@@ -19,6 +19,7 @@ use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
 mod admin;
+mod batches;
 mod breaker;
 mod budgets;
 mod coalescing;
@@ -35,6 +36,7 @@ mod telemetry;
 mod tenants;
 
 pub use admin::AdminConfig;
+pub use batches::BatchesConfig;
 pub use breaker::BreakerConfig;
 pub use budgets::{BudgetsConfig, Unpriced};
 pub use coalescing::{CoalescingConfig, SharedBackend};
@@ -135,6 +137,8 @@ pub struct Config {
     pub responses: ResponsesConfig,
     #[serde(default)]
     pub budgets: BudgetsConfig,
+    #[serde(default)]
+    pub batches: BatchesConfig,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     #[serde(default)]
@@ -275,6 +279,7 @@ impl Config {
         self.log.validate(source)?;
         self.responses.validate(source)?;
         self.budgets.validate(source)?;
+        self.batches.validate(source)?;
         self.admin.validate(source)?;
 
         // A key names one caller: no two tenants share one, nor a tenant and

@@ -77,6 +77,14 @@ impl Intake {
         Ok((bytes, Share { _permit: permit }))
     }
 
+    /// Holds `n` bytes (at most the whole budget) for a body read as a
+    /// stream a bounded piece at a time (a file upload): what it buffers
+    /// at once counts against the budget like a whole body.
+    pub async fn hold(&self, n: usize) -> Result<Share, ApiError> {
+        let permit = self.reserve(n.min(self.total)).await?;
+        Ok(Share { _permit: permit })
+    }
+
     async fn reserve(&self, n: usize) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
         if n == 0 {
             return Ok(None);

@@ -12,6 +12,7 @@ pub mod admin;
 pub mod embeddings;
 pub mod error;
 pub mod faces;
+pub mod files;
 pub mod intake;
 pub mod jobs;
 pub mod keys;
@@ -26,7 +27,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -453,6 +454,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}/attempts", post(jobs::retry))
         .route("/v1/jobs/{id}/attempts/{n}/resolve", post(jobs::resolve))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route(
+            "/v1/files",
+            // The upload is bounded by `batches.max_file_bytes` as it
+            // streams, not by the extractors' default limit.
+            post(files::upload)
+                .layer(DefaultBodyLimit::disable())
+                .get(files::list),
+        )
+        .route("/v1/files/{id}", get(files::get).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
         .route("/v1/stats", get(ops::stats))
         .route("/v1/admin/certify", post(admin::certify))
         .route("/v1/admin/routes", get(admin::routes))

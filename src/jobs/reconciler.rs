@@ -6,7 +6,8 @@
 //! no active attempt go back to the queue; `unknown` attempts past a route's
 //! `attempts.auto_resolve_unknown_after` are resolved as failed; finished jobs
 //! past `storage.idempotency_retention` are purged so their keys may be
-//! reused; and the `idem_jobs_unknown` gauge is refreshed.
+//! reused; expired files and uploads abandoned for an hour are deleted; and
+//! the `idem_jobs_unknown` gauge is refreshed.
 
 use tokio_util::sync::CancellationToken;
 
@@ -76,6 +77,10 @@ pub async fn once(app: &Env) {
     }
     if let Err(e) = store.purge_responses(now.saturating_sub(retention)).await {
         tracing::warn!(error = %e, "cannot purge old stored responses");
+    }
+    let begun = now.saturating_sub(crate::store::ABANDONED_UPLOAD_MS);
+    if let Err(e) = store.sweep_files(begun, now).await {
+        tracing::warn!(error = %e, "cannot sweep expired files and abandoned uploads");
     }
     match store.unknown_attempts().await {
         Ok(list) => app.metrics().jobs_unknown.set(list.len() as f64),

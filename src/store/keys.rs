@@ -68,7 +68,7 @@ pub struct KeyChange {
 }
 
 /// A `key_audit` row: who did what to a key, and when.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEntry {
     pub at: i64,
     /// Who made the change (an admin key's name, `config`, ...).
@@ -80,6 +80,15 @@ pub struct AuditEntry {
     /// What changed, as a JSON object.
     pub detail: String,
 }
+
+from_row!(AuditEntry {
+    at,
+    actor,
+    action,
+    key_id,
+    tenant,
+    detail
+});
 
 /// A spender's budget (a `budgets` row) as of a given time.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,8 +1,9 @@
-//! Durable storage of jobs, attempts, certifications, virtual keys and
-//! budgets, behind one trait with two implementations: SQLite (the
-//! embedded default, WAL) and PostgreSQL (several replicas). Both run the
-//! same test suite.
-//! Both also run the same SQL: it is written once, in `sql.rs`.
+//! Durable storage of jobs, attempts, certifications, virtual keys,
+//! budgets and the Batch API's files, behind one trait with two
+//! implementations: SQLite (the embedded default, WAL) and PostgreSQL
+//! (several replicas). Both run the same test suite.
+//! Both also run the same SQL: it is written once, in `sql.rs` (the files'
+//! in `files.rs`).
 //!
 //! The rules that must hold under concurrency live here, in SQL, not in
 //! Rust read-then-write sequences: `(tenant, idempotency_key)` is UNIQUE and
@@ -16,7 +17,30 @@
 //! Times are milliseconds since the Unix epoch (`BIGINT`), ids are text
 //! (UUID v7), requests and results are stored as the exact JSON text.
 
+/// `FromRow` for a row struct on both backends' rows: each field read from
+/// the column of its name. Written out rather than derived, so that sqlx's
+/// macros (which would compile both database drivers a second time, for
+/// the compiler) are not needed.
+macro_rules! from_row {
+    ($ty:ident { $($field:ident),* $(,)? }) => {
+        from_row!(@on $ty, sqlx::sqlite::SqliteRow, $($field),*);
+        from_row!(@on $ty, sqlx::postgres::PgRow, $($field),*);
+    };
+    (@on $ty:ident, $row:ty, $($field:ident),*) => {
+        impl<'r> sqlx::FromRow<'r, $row> for $ty {
+            fn from_row(row: &'r $row) -> Result<Self, sqlx::Error> {
+                use sqlx::Row as _;
+                Ok($ty {
+                    $($field: row.try_get(stringify!($field))?,)*
+                })
+            }
+        }
+    };
+}
+
+mod files;
 mod keys;
+mod migrations;
 pub mod postgres;
 mod rows;
 mod sql;
@@ -29,6 +53,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use files::{ABANDONED_UPLOAD_MS, FileRecord, FileStore, Order, PART_BYTES};
 pub use keys::{AuditEntry, BudgetRecord, KeyChange, KeyRecord, Settlement, period_ms};
 
 /// Storage failures.
@@ -351,7 +376,7 @@ pub struct Certification {
 }
 
 /// A response kept for its tenant.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     pub tenant: String,
     pub id: String,
@@ -370,6 +395,17 @@ pub struct StoredResponse {
     pub fingerprint: Option<String>,
 }
 
+from_row!(StoredResponse {
+    tenant,
+    id,
+    body,
+    turns,
+    created_at,
+    format,
+    previous_id,
+    fingerprint
+});
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Sqlite,
@@ -379,7 +415,7 @@ pub enum Backend {
 /// The storage interface. Every method is one short transaction (or one
 /// statement); none holds a lock across a provider call.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: FileStore + Send + Sync + 'static {
     fn backend(&self) -> Backend;
 
     /// A round trip to the database (`/readyz`).

@@ -41,7 +41,10 @@ impl PgStore {
             .acquire_timeout(std::time::Duration::from_secs(5))
             .connect(url)
             .await?;
-        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        super::migrations::migrator(super::migrations::POSTGRES)
+            .await?
+            .run(&pool)
+            .await?;
         Ok(PgStore { pool })
     }
 }

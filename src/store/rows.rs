@@ -9,7 +9,7 @@ use super::{
 };
 
 /// A `jobs` row as the database returns it (`SELECT *` / `RETURNING *`).
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(super) struct JobRow {
     id: String,
     tenant: String,
@@ -34,6 +34,31 @@ pub(super) struct JobRow {
     created_at: i64,
     updated_at: i64,
 }
+
+from_row!(JobRow {
+    id,
+    tenant,
+    idempotency_key,
+    payload_hash,
+    fingerprint,
+    route,
+    request,
+    dialect,
+    forwarded,
+    metadata,
+    state,
+    version,
+    completed_by,
+    result,
+    error,
+    not_before,
+    claimed_by,
+    claim_until,
+    retries,
+    key_id,
+    created_at,
+    updated_at
+});
 
 impl TryFrom<JobRow> for JobRecord {
     type Error = StoreError;
@@ -70,7 +95,7 @@ impl TryFrom<JobRow> for JobRecord {
 }
 
 /// An `attempts` row.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(super) struct AttemptRow {
     job_id: String,
     n: i32,
@@ -85,6 +110,21 @@ pub(super) struct AttemptRow {
     finished_at: Option<i64>,
     lease_until: Option<i64>,
 }
+
+from_row!(AttemptRow {
+    job_id,
+    n,
+    provider,
+    model,
+    state,
+    reason,
+    hedge,
+    read_version,
+    owner,
+    started_at,
+    finished_at,
+    lease_until
+});
 
 impl TryFrom<AttemptRow> for AttemptRecord {
     type Error = StoreError;
@@ -114,7 +154,7 @@ impl TryFrom<AttemptRow> for AttemptRecord {
 }
 
 /// A `certifications` row (its surrogate `id` is only a tie-breaker).
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(super) struct CertificationRow {
     route: String,
     provider: String,
@@ -124,6 +164,16 @@ pub(super) struct CertificationRow {
     failures: String,
     certified_at: i64,
 }
+
+from_row!(CertificationRow {
+    route,
+    provider,
+    model,
+    contract_hash,
+    passed,
+    failures,
+    certified_at
+});
 
 impl From<CertificationRow> for Certification {
     fn from(r: CertificationRow) -> Self {
@@ -140,7 +190,7 @@ impl From<CertificationRow> for Certification {
 }
 
 /// An `api_keys` row.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(super) struct KeyRow {
     id: String,
     tenant: String,
@@ -161,6 +211,26 @@ pub(super) struct KeyRow {
     last_used_at: Option<i64>,
     version: i64,
 }
+
+from_row!(KeyRow {
+    id,
+    tenant,
+    name,
+    digest,
+    hint,
+    expires_at,
+    models,
+    rpm,
+    tpm,
+    budget_nanos,
+    budget_period,
+    metadata,
+    created_at,
+    revoked_at,
+    rotated_at,
+    last_used_at,
+    version
+});
 
 impl TryFrom<KeyRow> for KeyRecord {
     type Error = StoreError;
@@ -200,7 +270,7 @@ pub(super) fn models_text(models: Option<&[String]>) -> Option<String> {
 
 /// A `budgets` row with the sum of its live grants (`reserved_nanos`), as
 /// stored: its period may have elapsed.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(super) struct BudgetRow {
     scope: String,
     limit_nanos: Option<i64>,
@@ -211,6 +281,17 @@ pub(super) struct BudgetRow {
     calls: i64,
     reserved_nanos: i64,
 }
+
+from_row!(BudgetRow {
+    scope,
+    limit_nanos,
+    period_ms,
+    period_start,
+    spent_nanos,
+    total_nanos,
+    calls,
+    reserved_nanos
+});
 
 impl BudgetRow {
     /// The budget as of `now` (its current period).

@@ -307,7 +307,7 @@ fn next_attempt(job_id: &str, earlier: &[AttemptRecord]) -> Result<i32> {
 #[async_trait]
 impl<D> Store for D
 where
-    D: Dialect,
+    D: Dialect + super::FileStore,
     for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
     <D::Db as Database>::Arguments: IntoArguments<D::Db>,
     for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,

@@ -138,7 +138,10 @@ impl SqliteStore {
             .max_connections(1)
             .connect_with(options.clone())
             .await?;
-        sqlx::migrate!("./migrations/sqlite").run(&writer).await?;
+        super::migrations::migrator(super::migrations::SQLITE)
+            .await?
+            .run(&writer)
+            .await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
             .connect_with(options)

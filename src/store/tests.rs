@@ -159,6 +159,8 @@ macro_rules! store_tests {
     };
 }
 
+mod files;
+
 store_tests!(
     ping,
     create_new_existing_and_other_tenant,

@@ -16,6 +16,7 @@ mod contracts;
 mod dashboard;
 mod embeddings;
 mod faces;
+mod files;
 mod first_hour;
 mod forwarding;
 mod garbage;
