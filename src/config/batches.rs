@@ -13,8 +13,6 @@ pub struct BatchesConfig {
     /// The largest file `POST /v1/files` takes (OpenAI's limit for a batch
     /// input: 200 MB); a larger one is refused (413) as it arrives.
     pub max_file_bytes: u64,
-    /// The most lines (requests) a batch's input file may have.
-    pub max_lines: u64,
     /// How long an uploaded file is kept (OpenAI keeps a batch file 30
     /// days); it is deleted after, with its content.
     #[serde(with = "humantime_serde")]
@@ -25,7 +23,6 @@ impl Default for BatchesConfig {
     fn default() -> Self {
         Self {
             max_file_bytes: 200 * 1024 * 1024,
-            max_lines: 50_000,
             file_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
@@ -36,9 +33,6 @@ impl BatchesConfig {
     pub(super) fn validate(&self, source: &Source) -> Result<(), ConfigError> {
         if self.max_file_bytes == 0 || self.max_file_bytes > 1 << 40 {
             return Err(source.invalid("batches.max_file_bytes", "expected 1 byte to 1 TiB"));
-        }
-        if self.max_lines == 0 {
-            return Err(source.invalid("batches.max_lines", "expected at least 1"));
         }
         if self.file_retention < Duration::from_secs(60) {
             return Err(source.invalid("batches.file_retention", "expected at least 1m"));

@@ -144,9 +144,21 @@ async function figure(id) {
   return Number(v);
 }
 
+/**
+ * Several figures from one rendering of the page: read in one evaluation,
+ * which runs between two of the page's renders, never across one (read one
+ * by one, a poll landing between two reads paired a total from one poll with
+ * its parts from the next).
+ */
 async function figures(...ids) {
+  const raw = await page.evaluate((ids) => ids.map((id) => {
+    const el = document.getElementById(id);
+    return el ? el.getAttribute('data-value') : null;
+  }), ids);
   const out = {};
-  for (const id of ids) out[id] = await figure(id);
+  ids.forEach((id, i) => {
+    out[id] = raw[i] === null || raw[i] === '' ? null : Number(raw[i]);
+  });
   return out;
 }
 
@@ -587,7 +599,11 @@ test('calls saved: followers, cache hits, negative-cache hits and replays add up
 
   const after = await until('the page shows the negative-cache hit and the replay', async () => {
     const f = await figures('saved-calls', ...classes);
-    return { ok: f['negative-hits'] === before['negative-hits'] + 1 && f.replays === before.replays + 1, ...f };
+    return {
+      ok: f['negative-hits'] === before['negative-hits'] + 1 && f.replays === before.replays + 1
+        && f['saved-calls'] === before['saved-calls'] + 2,
+      ...f,
+    };
   });
   assert.equal(after['saved-calls'], before['saved-calls'] + 2);
   // Every saved call is in exactly one class, and each class is named in the card.
