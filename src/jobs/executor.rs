@@ -1183,6 +1183,7 @@ mod tests {
             claim_until: None,
             retries,
             key_id: None,
+            batch_id: None,
             created_at: 0,
             updated_at: 0,
         };

@@ -205,6 +205,7 @@ impl Jobs {
                 .then(|| Value::Object(forwarded.to_json()).to_string()),
             metadata: metadata.map(Value::to_string),
             key_id: key_id.map(str::to_string),
+            batch_id: None,
             created_at: now_ms(),
         };
         match self.store.create_job(&new).await? {

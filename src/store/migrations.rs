@@ -35,6 +35,7 @@ pub(super) const SQLITE: &[Embedded] = embedded!("sqlite":
     "0006_dialects.sql",
     "0007_keys.sql",
     "0008_files.sql",
+    "0009_batches.sql",
 );
 
 /// PostgreSQL's migrations, in order.
@@ -47,6 +48,7 @@ pub(super) const POSTGRES: &[Embedded] = embedded!("postgres":
     "0006_dialects.sql",
     "0007_keys.sql",
     "0008_files.sql",
+    "0009_batches.sql",
 );
 
 #[derive(Debug)]

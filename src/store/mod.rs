@@ -38,6 +38,7 @@ macro_rules! from_row {
     };
 }
 
+mod batches;
 mod files;
 mod keys;
 mod migrations;
@@ -53,6 +54,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use batches::{BatchCounts, BatchCreated, BatchRecord, BatchStatus, BatchStore};
 pub use files::{ABANDONED_UPLOAD_MS, FileRecord, FileStore, Order, PART_BYTES};
 pub use keys::{AuditEntry, BudgetRecord, KeyChange, KeyRecord, Settlement, period_ms};
 
@@ -228,6 +230,8 @@ pub struct NewJob {
     /// The store's key the job was created with (none: a key of the
     /// configuration file), whose budget its attempts' calls are charged.
     pub key_id: Option<String>,
+    /// The batch whose line the job is (none: a job of its own).
+    pub batch_id: Option<String>,
     pub created_at: i64,
 }
 
@@ -261,6 +265,8 @@ pub struct JobRecord {
     pub retries: i32,
     /// The store's key the job was created with.
     pub key_id: Option<String>,
+    /// The batch whose line the job is.
+    pub batch_id: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -415,7 +421,7 @@ pub enum Backend {
 /// The storage interface. Every method is one short transaction (or one
 /// statement); none holds a lock across a provider call.
 #[async_trait]
-pub trait Store: FileStore + Send + Sync + 'static {
+pub trait Store: FileStore + BatchStore + Send + Sync + 'static {
     fn backend(&self) -> Backend;
 
     /// A round trip to the database (`/readyz`).

@@ -31,6 +31,7 @@ pub(super) struct JobRow {
     claim_until: Option<i64>,
     retries: i32,
     key_id: Option<String>,
+    batch_id: Option<String>,
     created_at: i64,
     updated_at: i64,
 }
@@ -56,6 +57,7 @@ from_row!(JobRow {
     claim_until,
     retries,
     key_id,
+    batch_id,
     created_at,
     updated_at
 });
@@ -88,6 +90,7 @@ impl TryFrom<JobRow> for JobRecord {
             claim_until: r.claim_until,
             retries: r.retries,
             key_id: r.key_id,
+            batch_id: r.batch_id,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
@@ -399,6 +402,7 @@ mod tests {
             claim_until: None,
             retries: 0,
             key_id: None,
+            batch_id: None,
             created_at: 0,
             updated_at: 0,
         }

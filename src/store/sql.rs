@@ -307,7 +307,7 @@ fn next_attempt(job_id: &str, earlier: &[AttemptRecord]) -> Result<i32> {
 #[async_trait]
 impl<D> Store for D
 where
-    D: Dialect + super::FileStore,
+    D: Dialect + super::FileStore + super::BatchStore,
     for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
     <D::Db as Database>::Arguments: IntoArguments<D::Db>,
     for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
@@ -346,8 +346,9 @@ where
         for _ in 0..2 {
             let row: Option<JobRow> = sqlx::query_as(
                 "INSERT INTO jobs (id, tenant, idempotency_key, payload_hash, fingerprint, route, request, metadata,
-                                   state, version, not_before, created_at, updated_at, dialect, forwarded, key_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9, $9, $10, $11, $12)
+                                   state, version, not_before, created_at, updated_at, dialect, forwarded, key_id,
+                                   batch_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9, $9, $10, $11, $12, $13)
                  ON CONFLICT (tenant, idempotency_key) DO NOTHING
                  RETURNING *",
             )
@@ -363,6 +364,7 @@ where
             .bind(job.dialect.as_str())
             .bind(job.forwarded.as_deref())
             .bind(job.key_id.as_deref())
+            .bind(job.batch_id.as_deref())
             .fetch_optional(self.writer())
             .await?;
             if let Some(new) = rows::job(row)? {

@@ -159,6 +159,7 @@ macro_rules! store_tests {
     };
 }
 
+mod batches;
 mod files;
 
 store_tests!(
@@ -221,6 +222,7 @@ fn new_job(tenant: &str, key: &str, created_at: i64) -> NewJob {
         dialect: "chat".to_owned(),
         forwarded: None,
         key_id: None,
+        batch_id: None,
         created_at,
     }
 }
