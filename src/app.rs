@@ -96,6 +96,7 @@ impl App {
             max_json_values: config.server.max_json_values,
         };
         let jobs = Arc::new(Jobs::new(store.clone()));
+        let batches = Arc::new(crate::batches::Batches::new(store.clone()));
         let keys = Arc::new(crate::keys::KeyTable::new());
         keys.refresh(&*store, true)
             .await
@@ -128,6 +129,7 @@ impl App {
             metrics,
             store,
             jobs,
+            batches,
             limits,
             intake: crate::http::intake::Intake::new(config.server.max_inflight_body_bytes),
             timeline: crate::timeline::Timeline::new(),
@@ -185,6 +187,7 @@ impl App {
         let env = state.job_env();
         reconciler::on_startup(&env).await;
         executor::spawn(&env, &stop, &tracker);
+        crate::batches::driver::spawn(&state.batch_env(), &stop, &tracker);
         tracker.spawn(reconciler::run(env, stop.clone()));
         // The dashboard's last hour, sampled every 10 s.
         let app = state.clone();

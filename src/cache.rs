@@ -423,6 +423,7 @@ mod tests {
             cache: Default::default(),
             coalesce: Default::default(),
             attempts: Default::default(),
+            batch: Default::default(),
         }
     }
 

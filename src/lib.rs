@@ -31,6 +31,8 @@
 //! - [`jobs`]: idempotency keys, the job and attempt state machine, the
 //!   executor and the reconciler, over the [`store`] (SQLite or
 //!   PostgreSQL); [`lease`]: how every holder renews what it holds;
+//!   [`batches`]: OpenAI's Batch API, each line a job, identical lines one
+//!   call;
 //! - [`providers`]: the upstream call itself (and each target's circuit
 //!   breaker); [`answer`] is what it yields, and [`sse`] converts a chat
 //!   answer between streamed and plain form;
@@ -54,6 +56,7 @@
 pub mod analyze;
 pub mod answer;
 pub mod app;
+pub mod batches;
 pub mod budgets;
 pub mod cache;
 pub mod certification;

@@ -17,6 +17,15 @@ pub struct BatchesConfig {
     /// days); it is deleted after, with its content.
     #[serde(with = "humantime_serde")]
     pub file_retention: Duration,
+    /// The most lines a batch's input file may have (OpenAI's: 50,000);
+    /// a longer one fails the batch in validation.
+    pub max_lines: u64,
+    /// The most batches a tenant may have with work left at once; one
+    /// more is refused (429).
+    pub max_active: u32,
+    /// The batches one replica drives at once (none on a replica without
+    /// job workers); the others wait their turn, or another replica's.
+    pub drivers: u32,
 }
 
 impl Default for BatchesConfig {
@@ -24,6 +33,9 @@ impl Default for BatchesConfig {
         Self {
             max_file_bytes: 200 * 1024 * 1024,
             file_retention: Duration::from_secs(30 * 24 * 3600),
+            max_lines: 50_000,
+            max_active: 100,
+            drivers: 2,
         }
     }
 }
@@ -36,6 +48,15 @@ impl BatchesConfig {
         }
         if self.file_retention < Duration::from_secs(60) {
             return Err(source.invalid("batches.file_retention", "expected at least 1m"));
+        }
+        if self.max_lines == 0 || self.max_lines > 10_000_000 {
+            return Err(source.invalid("batches.max_lines", "expected 1 to 10,000,000"));
+        }
+        if self.max_active == 0 {
+            return Err(source.invalid("batches.max_active", "must be at least 1"));
+        }
+        if self.drivers == 0 || self.drivers > 64 {
+            return Err(source.invalid("batches.drivers", "expected 1 to 64"));
         }
         Ok(())
     }

@@ -135,6 +135,8 @@ pub struct RouteConfig {
     pub coalesce: RouteCoalesce,
     #[serde(default)]
     pub attempts: RouteAttempts,
+    #[serde(default)]
+    pub batch: RouteBatch,
 }
 
 /// In a target's model, the model name a client asked a pattern route for.
@@ -221,6 +223,7 @@ impl RouteConfig {
         self.cache.validate(&at("cache"), source)?;
         self.coalesce.validate(&at("coalesce"), source)?;
         self.attempts.validate(&at("attempts"), source)?;
+        self.batch.validate(&at("batch"), source)?;
         if let Some(contract) = &self.contract
             && !contract.exists()
         {
@@ -354,6 +357,38 @@ impl RouteCoalesce {
             return Err(
                 source.invalid(format!("{at}.max_wait"), "must be above zero (or \"auto\")")
             );
+        }
+        Ok(())
+    }
+}
+
+/// How the Batch API's lines run on a route (docs/design.md, "Batches").
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteBatch {
+    /// The most lines of one batch in flight at once on this route, per
+    /// replica (each also takes one of `jobs.workers`): live traffic keeps
+    /// the rest.
+    pub concurrency: u32,
+    /// How long a batch line's answer answers the same line of a later
+    /// batch of the tenant (instead of a call); zero: never.
+    #[serde(with = "humantime_serde")]
+    pub reuse: Duration,
+}
+
+impl Default for RouteBatch {
+    fn default() -> Self {
+        Self {
+            concurrency: 8,
+            reuse: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl RouteBatch {
+    fn validate(&self, at: &str, source: &Source) -> Result<(), ConfigError> {
+        if self.concurrency == 0 || self.concurrency > 4096 {
+            return Err(source.invalid(format!("{at}.concurrency"), "expected 1 to 4096"));
         }
         Ok(())
     }

@@ -172,7 +172,7 @@ impl ApiError {
     }
 
     /// The OpenAI `type` and `code` fields.
-    fn kind(&self) -> (&'static str, &'static str) {
+    pub(super) fn kind(&self) -> (&'static str, &'static str) {
         match self {
             ApiError::Unauthorized | ApiError::KeyRefused(_) => {
                 ("invalid_request_error", "invalid_api_key")

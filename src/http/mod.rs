@@ -9,6 +9,7 @@
 //! failure, `validate` checks bodies.
 
 pub mod admin;
+pub mod batches;
 pub mod embeddings;
 pub mod error;
 pub mod faces;
@@ -54,6 +55,7 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub store: Arc<dyn Store>,
     pub jobs: Arc<Jobs>,
+    pub batches: Arc<crate::batches::Batches>,
     pub limits: Limits,
     /// Request bodies being read and parsed at once, bounded together.
     pub intake: intake::Intake,
@@ -93,12 +95,36 @@ impl crate::jobs::JobEnv for Shared {
     }
 }
 
+/// The batch drivers see the gateway through its handles, and the faces'
+/// checks of a line.
+impl crate::batches::BatchEnv for Shared {
+    fn batches(&self) -> &Arc<crate::batches::Batches> {
+        &self.batches
+    }
+    fn plan_line(
+        &self,
+        tenant: &str,
+        dialect: Dialect,
+        body: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<crate::batches::Planned, crate::batches::LineRefusal> {
+        batches::plan_line(self, tenant, dialect, body)
+    }
+    fn key_allows(&self, key_id: &str, route: &str) -> bool {
+        self.keys.by_id(key_id).is_some_and(|k| k.allows(route))
+    }
+}
+
 #[derive(Clone)]
 pub struct AppState(pub Arc<Shared>);
 
 impl AppState {
     /// The handle the job workers and the reconciler take.
     pub fn job_env(&self) -> crate::jobs::Env {
+        self.0.clone()
+    }
+
+    /// The handle the batch drivers take.
+    pub fn batch_env(&self) -> crate::batches::driver::Env {
         self.0.clone()
     }
 }
@@ -464,6 +490,9 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/files/{id}", get(files::get).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::get))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
         .route("/v1/stats", get(ops::stats))
         .route("/v1/admin/certify", post(admin::certify))
         .route("/v1/admin/routes", get(admin::routes))

@@ -249,6 +249,9 @@ pub trait BatchStore: Send + Sync + 'static {
     /// A batch by id; `tenant: Some(t)` restricts to that tenant's.
     async fn batch(&self, tenant: Option<&str>, id: &str) -> Result<Option<BatchRecord>>;
 
+    /// A tenant's batch by its idempotency key.
+    async fn batch_by_key(&self, tenant: &str, key: &str) -> Result<Option<BatchRecord>>;
+
     /// A tenant's batches, newest first, strictly after the batch `after`
     /// (none if that batch is not the tenant's).
     async fn list_batches(
@@ -295,6 +298,11 @@ pub trait BatchStore: Send + Sync + 'static {
         batch_id: &str,
         since: i64,
     ) -> Result<Option<JobRecord>>;
+
+    /// Creates a line's job (`queued`) unless its key names one already
+    /// (returned), but only while its batch is `in_progress`: after a
+    /// cancel commits, no line starts. None: the batch is not in progress.
+    async fn create_line(&self, job: &NewJob) -> Result<Option<Created>>;
 
     /// Creates a line's job already ended as `from` ended (succeeded with
     /// its result, failed or cancelled with its error): a line answered
@@ -366,16 +374,7 @@ where
             return Ok(BatchCreated::New(new));
         }
         let key = b.idempotency_key.as_deref().unwrap_or_default();
-        let existing: Option<BatchRow> = sqlx::query_as(concat!(
-            "SELECT ",
-            columns!(),
-            " FROM batches WHERE tenant = $1 AND idempotency_key = $2"
-        ))
-        .bind(b.tenant.as_str())
-        .bind(key)
-        .fetch_optional(self.writer())
-        .await?;
-        match batch(existing)? {
+        match self.batch_by_key(&b.tenant, key).await? {
             Some(existing) => Ok(BatchCreated::Existing(existing)),
             None => Err(StoreError::Corrupt(format!(
                 "batch key {key:?} of tenant {:?} conflicts but cannot be read",
@@ -393,6 +392,19 @@ where
         .bind(id)
         .bind(tenant)
         .fetch_optional(self.reader())
+        .await?;
+        batch(row)
+    }
+
+    async fn batch_by_key(&self, tenant: &str, key: &str) -> Result<Option<BatchRecord>> {
+        let row: Option<BatchRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM batches WHERE tenant = $1 AND idempotency_key = $2"
+        ))
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(self.writer())
         .await?;
         batch(row)
     }
@@ -592,6 +604,43 @@ where
         .fetch_optional(self.reader())
         .await?;
         rows::job(row)
+    }
+
+    async fn create_line(&self, job: &NewJob) -> Result<Option<Created>> {
+        let row: Option<JobRow> = sqlx::query_as(
+            "INSERT INTO jobs (id, tenant, idempotency_key, payload_hash, fingerprint, route, request,
+                               metadata, state, version, not_before, created_at, updated_at, dialect,
+                               forwarded, key_id, batch_id)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9, $9, $10, $11, $12, $13
+             WHERE EXISTS (SELECT 1 FROM batches WHERE id = $13 AND status = 'in_progress')
+             ON CONFLICT (tenant, idempotency_key) DO NOTHING
+             RETURNING *",
+        )
+        .bind(job.id.as_str())
+        .bind(job.tenant.as_str())
+        .bind(job.idempotency_key.as_str())
+        .bind(job.payload_hash.as_str())
+        .bind(job.fingerprint.as_str())
+        .bind(job.route.as_str())
+        .bind(job.request.as_str())
+        .bind(job.metadata.as_deref())
+        .bind(job.created_at)
+        .bind(job.dialect.as_str())
+        .bind(job.forwarded.as_deref())
+        .bind(job.key_id.as_deref())
+        .bind(job.batch_id.as_deref())
+        .fetch_optional(self.writer())
+        .await?;
+        if let Some(new) = rows::job(row)? {
+            return Ok(Some(Created::New(new)));
+        }
+        let existing: Option<JobRow> =
+            sqlx::query_as("SELECT * FROM jobs WHERE tenant = $1 AND idempotency_key = $2")
+                .bind(job.tenant.as_str())
+                .bind(job.idempotency_key.as_str())
+                .fetch_optional(self.writer())
+                .await?;
+        Ok(rows::job(existing)?.map(Created::Existing))
     }
 
     async fn create_answered(&self, job: &NewJob, from: &JobRecord, now: i64) -> Result<Created> {

@@ -11,10 +11,10 @@ use crate::helpers::*;
 const BOUNDARY: &str = "idem-test-boundary-7d1f0c";
 
 /// A field of a multipart form: (name, filename for a file, content).
-type Part<'a> = (&'a str, Option<&'a str>, &'a [u8]);
+pub type Part<'a> = (&'a str, Option<&'a str>, &'a [u8]);
 
 /// A multipart/form-data body of `parts`, in their order.
-fn form(parts: &[Part<'_>]) -> Vec<u8> {
+pub fn form(parts: &[Part<'_>]) -> Vec<u8> {
     let mut body = Vec::new();
     for (name, filename, data) in parts {
         body.extend_from_slice(format!("--{BOUNDARY}\r\n").as_bytes());
@@ -33,7 +33,7 @@ fn form(parts: &[Part<'_>]) -> Vec<u8> {
     body
 }
 
-async fn upload(app: &TestApp, key: &str, parts: &[Part<'_>]) -> reqwest::Response {
+pub async fn upload(app: &TestApp, key: &str, parts: &[Part<'_>]) -> reqwest::Response {
     app.client
         .post(app.url("/v1/files"))
         .bearer_auth(key)

@@ -9,6 +9,7 @@
 )]
 
 mod analyze;
+mod batches;
 mod bounds;
 mod budgets;
 mod coalescing;

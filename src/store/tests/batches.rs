@@ -371,4 +371,32 @@ store_tests!(
     batches_claimed_by_one_driver_until_the_claim_lapses,
     batch_cancel_is_never_overwritten,
     batch_lines_answered_by_earlier_ones,
+    batch_lines_start_only_while_in_progress,
 );
+
+async fn batch_lines_start_only_while_in_progress(s: Arc<dyn Store>) {
+    s.create_batch(&batch("t1", "batch_z", None, T0))
+        .await
+        .unwrap();
+    let first = line("t1", "batch_z/a", "batch_z", "fp-a", T0);
+    // Validating: no line starts yet.
+    assert_eq!(s.create_line(&first).await.unwrap(), None);
+    let mut b = s.claim_batch("w", T0, T0 + 1_000).await.unwrap().unwrap();
+    b.status = BatchStatus::InProgress;
+    assert!(s.set_batch(&b, "w", BatchStatus::Validating).await.unwrap());
+    let made = match s.create_line(&first).await.unwrap() {
+        Some(Created::New(j)) => j,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(made.state, JobState::Queued);
+    assert_eq!(made.batch_id.as_deref(), Some("batch_z"));
+    // Cancelled: a line made before is still found; no new one starts.
+    s.cancel_batch("t1", "batch_z", T0 + 1).await.unwrap();
+    assert!(matches!(
+        s.create_line(&first).await.unwrap(),
+        Some(Created::Existing(j)) if j.id == made.id
+    ));
+    let second = line("t1", "batch_z/b", "batch_z", "fp-b", T0);
+    assert_eq!(s.create_line(&second).await.unwrap(), None);
+    assert!(s.job_by_key("t1", "batch_z/b").await.unwrap().is_none());
+}

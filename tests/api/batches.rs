@@ -1,0 +1,327 @@
+//! The Batch API against the real gateway, store and a mock provider:
+//! every line answered with its own custom_id, one upstream call per
+//! distinct line (within a batch and across a tenant's batches), a batch
+//! created again with its Idempotency-Key is the same batch, validation
+//! fails a batch with OpenAI's errors, a cancel lets the lines in flight
+//! finish and runs no other, and another tenant sees nothing.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::files::upload;
+use crate::helpers::*;
+
+/// A batch input line asking route `bot` for `prompt`.
+fn line(custom_id: &str, prompt: &str) -> String {
+    json!({
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "bot", "messages": [{"role": "user", "content": prompt}]},
+    })
+    .to_string()
+}
+
+/// Uploads `lines` as a batch input file of tenant `key`: its id.
+async fn input(app: &TestApp, key: &str, lines: &[String]) -> String {
+    let content = lines.join("\n") + "\n";
+    let resp = upload(
+        app,
+        key,
+        &[
+            ("purpose", None, b"batch"),
+            ("file", Some("input.jsonl"), content.as_bytes()),
+        ],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    v["id"].as_str().unwrap().to_owned()
+}
+
+async fn create(
+    app: &TestApp,
+    key: &str,
+    file: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    app.post_json(
+        key,
+        "/v1/batches",
+        &json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"}),
+        headers,
+    )
+    .await
+}
+
+async fn created(app: &TestApp, key: &str, file: &str) -> String {
+    let resp = create(app, key, file, &[]).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "batch");
+    assert_eq!(v["status"], "validating");
+    v["id"].as_str().unwrap().to_owned()
+}
+
+/// Polls the batch until its status is one of `ended`; returns it.
+async fn until_status(app: &TestApp, key: &str, id: &str, ended: &[&str]) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, v) = app.get_json(key, &format!("/v1/batches/{id}")).await;
+        assert_eq!(status, 200, "{v}");
+        if ended.iter().any(|s| v["status"] == *s) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "batch {id} not in {ended:?} within 60 s: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A file's lines, as JSON.
+async fn file_lines(app: &TestApp, key: &str, id: &str) -> Vec<Value> {
+    let r = app
+        .client
+        .get(app.url(&format!("/v1/files/{id}/content")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.text()
+        .await
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The answer text of each output line, by custom_id.
+fn answers(lines: &[Value]) -> HashMap<String, String> {
+    let mut by_id = HashMap::new();
+    for l in lines {
+        assert_eq!(l["response"]["status_code"], 200, "{l}");
+        assert_eq!(l["error"], Value::Null);
+        let id = l["custom_id"].as_str().unwrap().to_owned();
+        let text = content_of(&l["response"]["body"]);
+        assert!(by_id.insert(id, text).is_none(), "one line per custom_id");
+    }
+    by_id
+}
+
+#[tokio::test]
+async fn each_distinct_line_is_one_call_within_a_batch_and_across_batches() {
+    let app = TestApp::spawn().await;
+    // 12 distinct prompts, then 8 lines repeating the first 8.
+    let mut lines: Vec<String> = (0..12)
+        .map(|i| line(&format!("a-{i}"), &format!("p{i}")))
+        .collect();
+    lines.extend((0..8).map(|i| line(&format!("dup-{i}"), &format!("p{i}"))));
+    let file = input(&app, ACME, &lines).await;
+    let id = created(&app, ACME, &file).await;
+    let b = until_status(&app, ACME, &id, &["completed", "failed"]).await;
+    assert_eq!(b["status"], "completed", "{b}");
+    assert_eq!(app.calls(), 12, "one upstream call per distinct line");
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 20, "completed": 20, "failed": 0})
+    );
+    assert_eq!(b["idem"]["deduplicated"], 8);
+    assert_eq!(b["idem"]["reused"], 0);
+    assert_eq!(b["error_file_id"], Value::Null);
+    let out = file_lines(&app, ACME, b["output_file_id"].as_str().unwrap()).await;
+    assert_eq!(out.len(), 20);
+    let by_id = answers(&out);
+    for i in 0..12 {
+        let text = &by_id[&format!("a-{i}")];
+        assert!(text.ends_with(&format!("to: p{i}")), "{text}");
+    }
+    for i in 0..8 {
+        assert_eq!(
+            by_id[&format!("dup-{i}")],
+            by_id[&format!("a-{i}")],
+            "the same call's answer"
+        );
+    }
+
+    // A later batch: three lines asked before, two new ones.
+    let again: Vec<String> = (0..3)
+        .map(|i| line(&format!("b-{i}"), &format!("p{i}")))
+        .chain((0..2).map(|i| line(&format!("new-{i}"), &format!("q{i}"))))
+        .collect();
+    let file2 = input(&app, ACME, &again).await;
+    let key = [("Idempotency-Key", "nightly-2026-12-05")];
+    let resp = create(&app, ACME, &file2, &key).await;
+    assert_eq!(resp.status(), 200);
+    let id2 = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let b2 = until_status(&app, ACME, &id2, &["completed", "failed"]).await;
+    assert_eq!(b2["status"], "completed", "{b2}");
+    assert_eq!(app.calls(), 14, "only the new lines were sent");
+    assert_eq!(b2["idem"]["reused"], 3);
+    let by_id2 = answers(&file_lines(&app, ACME, b2["output_file_id"].as_str().unwrap()).await);
+    for i in 0..3 {
+        assert_eq!(by_id2[&format!("b-{i}")], by_id[&format!("a-{i}")]);
+    }
+
+    // The same key again: the same batch, nothing run again; with another
+    // request: 409.
+    let resp = create(&app, ACME, &file2, &key).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true")
+    );
+    assert_eq!(resp.json::<Value>().await.unwrap()["id"], id2.as_str());
+    assert_error(
+        create(&app, ACME, &file, &key).await,
+        409,
+        "idempotency_key_reused",
+    )
+    .await;
+    assert_eq!(app.calls(), 14);
+
+    // Listed newest first, paged; another tenant sees none of it.
+    let (_, list) = app.get_json(ACME, "/v1/batches?limit=1").await;
+    assert_eq!(list["data"][0]["id"], id2.as_str());
+    assert_eq!(list["has_more"], true);
+    let (_, rest) = app
+        .get_json(ACME, &format!("/v1/batches?after={id2}"))
+        .await;
+    assert_eq!(rest["data"][0]["id"], id.as_str());
+    assert_eq!(rest["has_more"], false);
+    let (status, _) = app.get_json(BETA, &format!("/v1/batches/{id}")).await;
+    assert_eq!(status, 404);
+    let (_, theirs) = app.get_json(BETA, "/v1/batches").await;
+    assert_eq!(theirs["data"], json!([]));
+    assert_error(create(&app, BETA, &file, &[]).await, 400, "invalid_value").await;
+    let cancel = app
+        .post_json(BETA, &format!("/v1/batches/{id}/cancel"), &json!({}), &[])
+        .await;
+    assert_eq!(cancel.status(), 404);
+    // A live request for a line's prompt is answered by the cache, not by
+    // another call; a completed batch cannot be cancelled.
+    let cancel = app
+        .post_json(ACME, &format!("/v1/batches/{id}/cancel"), &json!({}), &[])
+        .await;
+    assert_error(cancel, 409, "batch_not_cancellable").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_batch_with_bad_lines_fails_validation_and_a_bad_body_is_its_lines_error() {
+    let app = TestApp::spawn().await;
+    let lines = vec![
+        line("x", "fine"),
+        line("x", "same custom_id"),
+        "not json".to_owned(),
+        json!({"custom_id": "u", "method": "POST", "url": "/v1/embeddings", "body": {"model": "bot"}}).to_string(),
+        json!({"custom_id": "m", "method": "POST", "url": "/v1/chat/completions",
+               "body": {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}})
+        .to_string(),
+    ];
+    let file = input(&app, ACME, &lines).await;
+    let id = created(&app, ACME, &file).await;
+    let b = until_status(&app, ACME, &id, &["failed", "completed"]).await;
+    assert_eq!(b["status"], "failed", "{b}");
+    assert!(b["failed_at"].is_u64());
+    let errors: Vec<(String, u64)> = b["errors"]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["code"].as_str().unwrap().to_owned(),
+                e["line"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            ("duplicate_custom_id".to_owned(), 2),
+            ("invalid_json_line".to_owned(), 3),
+            ("mismatched_endpoint".to_owned(), 4),
+            ("model_not_found".to_owned(), 5),
+        ]
+    );
+    assert_eq!(app.calls(), 0);
+
+    // A body its face would refuse is that line's error, not the batch's.
+    let lines = vec![
+        line("ok", "fine"),
+        json!({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions",
+               "body": {"model": "bot", "messages": "not an array"}})
+        .to_string(),
+    ];
+    let file = input(&app, ACME, &lines).await;
+    let id = created(&app, ACME, &file).await;
+    let b = until_status(&app, ACME, &id, &["failed", "completed"]).await;
+    assert_eq!(b["status"], "completed", "{b}");
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 2, "completed": 1, "failed": 1})
+    );
+    let errors = file_lines(&app, ACME, b["error_file_id"].as_str().unwrap()).await;
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0]["custom_id"], "bad");
+    assert_eq!(errors[0]["response"]["status_code"], 400);
+    assert_eq!(errors[0]["response"]["body"]["error"]["param"], "messages");
+    assert_eq!(app.calls(), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_cancel_lets_the_lines_in_flight_finish_and_runs_no_other() {
+    let app = TestApp::with(Spec {
+        route: "batch = { concurrency = 2 }".into(),
+        ..holding()
+    })
+    .await;
+    let lines: Vec<String> = (0..6)
+        .map(|i| line(&format!("c-{i}"), &format!("c{i}")))
+        .collect();
+    let file = input(&app, ACME, &lines).await;
+    let id = created(&app, ACME, &file).await;
+    // Two lines reach the provider (the route's batch concurrency) and are
+    // held there.
+    held(&app.mock, 2).await;
+    let cancel = app
+        .post_json(ACME, &format!("/v1/batches/{id}/cancel"), &json!({}), &[])
+        .await;
+    assert_eq!(cancel.status(), 200);
+    let v: Value = cancel.json().await.unwrap();
+    assert_eq!(v["status"], "cancelling");
+    assert!(v["cancelling_at"].is_u64());
+    release(&app.mock, None).await;
+    let b = until_status(&app, ACME, &id, &["cancelled", "completed"]).await;
+    assert_eq!(b["status"], "cancelled", "{b}");
+    assert_eq!(app.calls(), 2, "no line started after the cancel");
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 6, "completed": 2, "failed": 4})
+    );
+    assert_eq!(
+        file_lines(&app, ACME, b["output_file_id"].as_str().unwrap())
+            .await
+            .len(),
+        2
+    );
+    let errors = file_lines(&app, ACME, b["error_file_id"].as_str().unwrap()).await;
+    assert_eq!(errors.len(), 4);
+    assert!(
+        errors
+            .iter()
+            .all(|e| e["error"]["code"] == "batch_cancelled"),
+        "{errors:?}"
+    );
+    app.stop().await;
+}
