@@ -30,6 +30,9 @@ CREATE TABLE batches (
     -- line of the batch, or as a line of an earlier batch.
     deduplicated      BIGINT  NOT NULL DEFAULT 0,
     reused            BIGINT  NOT NULL DEFAULT 0,
+    -- Lines not run because the batch was cancelled or expired first
+    -- (among the failed).
+    not_run           BIGINT  NOT NULL DEFAULT 0,
     created_at        BIGINT  NOT NULL,
     expires_at        BIGINT  NOT NULL,
     in_progress_at    BIGINT,

@@ -43,10 +43,11 @@ use super::lines::{FileWriter, Line, LineReader};
 use super::{BatchEnv, LineRefusal, Planned, endpoint_dialect, line_key};
 use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint::Fingerprint;
-use crate::jobs::{Intent, JobError, job_answer, payload_hash};
+use crate::jobs::{Intent, JobError, Jobs, job_answer, payload_hash};
 use crate::outcome::Outcome;
 use crate::store::{
-    BatchRecord, BatchStatus, Created, JobRecord, JobState, NewJob, StoreError, now_ms,
+    AttemptRecord, AttemptState, BatchRecord, BatchStatus, Created, JobRecord, JobState,
+    LEASE_EXPIRED, NewJob, StoreError, now_ms,
 };
 use crate::task::{Count, Finish};
 
@@ -349,7 +350,10 @@ impl Driver {
     /// Checks and routes a line as its endpoint's face would, and whether
     /// the batch's key may use its route.
     fn plan(&mut self, body: Map<String, Value>) -> Result<Planned, LineRefusal> {
-        let planned = self.env.plan_line(&self.b.tenant, self.dialect, body)?;
+        let planned = self
+            .env
+            .plan_line(&self.b.tenant, self.dialect, body)
+            .map_err(|r| self.own(r))?;
         if let Some(key) = self.b.key_id.as_deref() {
             let env = &self.env;
             let allowed = *self
@@ -357,7 +361,7 @@ impl Driver {
                 .entry(planned.route.name.clone())
                 .or_insert_with(|| env.key_allows(key, &planned.route.name));
             if !allowed {
-                return Err(LineRefusal {
+                return Err(self.own(LineRefusal {
                     status: 403,
                     code: "model_not_allowed".into(),
                     message: format!(
@@ -366,10 +370,20 @@ impl Driver {
                     ),
                     param: Some("body.model".into()),
                     fails_batch: true,
-                });
+                }));
             }
         }
         Ok(planned)
+    }
+
+    /// A refusal as this batch takes it: a Message Batch has no
+    /// validation that fails it whole (Anthropic's requests each end on
+    /// their own), so every refusal is its line's.
+    fn own(&self, mut r: LineRefusal) -> LineRefusal {
+        if self.dialect == Dialect::Messages {
+            r.fails_batch = false;
+        }
+        r
     }
 
     /// `validating`: the whole input read once.
@@ -671,8 +685,15 @@ impl Driver {
                 job.id.clone(),
                 p.route.name.clone(),
             );
+            let late = {
+                let a = &p.route.config.attempts;
+                a.late_result_window.max(a.timeout)
+            };
             pending.push(Box::pin(async move {
-                (route, jobs.wait(&tenant, &id, deadline).await)
+                (
+                    route,
+                    line_settled(&jobs, &tenant, &id, deadline, late).await,
+                )
             }));
         }
         while !pending.is_empty() {
@@ -786,6 +807,7 @@ impl Driver {
         counts.failed = 0;
         counts.deduplicated = 0;
         counts.reused = 0;
+        counts.not_run = 0;
         let mut reader = LineReader::new(store.clone(), &self.b.input_file_id);
         while let Some(line) = reader.next().await? {
             if self.stop.is_cancelled() {
@@ -817,6 +839,9 @@ impl Driver {
                 } else if m.contains(&format!("\"{SHARED}\":\"batch\"")) {
                     counts.deduplicated += 1;
                 }
+            }
+            if job.is_none() && refused.is_none() && ending != Ending::Completed {
+                counts.not_run += 1;
             }
             let written = output_line(&custom_id, refused.as_ref(), job.as_ref(), ending);
             match written {
@@ -863,6 +888,53 @@ impl Driver {
         }
         Ok(())
     }
+}
+
+/// How often a line in flight is looked at for an `unknown` attempt no
+/// answer can end any more.
+const HELD_CHECK: Duration = Duration::from_secs(1);
+
+/// Waits for a line's job to end, or to be held by an `unknown` attempt
+/// that nothing can end but an operator (docs/design.md, "Batches"): the
+/// job is returned as it is, and its line goes to the error file as
+/// `unknown` rather than holding the whole batch.
+async fn line_settled(
+    jobs: &Jobs,
+    tenant: &str,
+    id: &str,
+    deadline: Instant,
+    late: Duration,
+) -> Result<JobRecord, JobError> {
+    loop {
+        let next = deadline.min(Instant::now() + HELD_CHECK);
+        match jobs.wait(tenant, id, next).await {
+            Err(JobError::InProgress { .. }) if Instant::now() < deadline => {
+                let attempts = jobs.store.attempts(id).await?;
+                if held_for_good(&attempts, late, now_ms()) {
+                    return jobs
+                        .store
+                        .job(Some(tenant), id)
+                        .await?
+                        .ok_or(JobError::NotFound);
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether a job is held by an `unknown` attempt whose call no longer
+/// listens for an answer: its process died (the lease expired) or its
+/// late window (`late`, from its start) has passed; and no attempt runs.
+fn held_for_good(attempts: &[AttemptRecord], late: Duration, now: i64) -> bool {
+    let running = attempts
+        .iter()
+        .any(|a| matches!(a.state, AttemptState::Starting | AttemptState::Running));
+    let dead = attempts.iter().any(|a| {
+        a.state == AttemptState::Unknown
+            && (a.reason.as_deref() == Some(LEASE_EXPIRED) || now >= a.started_at + ms(late))
+    });
+    dead && !running
 }
 
 /// An output or error file line.
@@ -936,7 +1008,17 @@ fn output_line(
                 "batch_expired",
                 "This line was not run before the batch expired.".into(),
             ),
-            _ => error(
+            // In a batch run to its end, a line is left without a job only
+            // when the identical line whose answer it shares is held
+            // unknown.
+            Ending::Completed => error(
+                "unknown",
+                "This line was not run: it shares the call of an identical line of this batch \
+                 whose outcome is unknown (idem cannot tell whether the provider did the work); \
+                 that line's error names its job"
+                    .into(),
+            ),
+            Ending::Cancelled => error(
                 "batch_cancelled",
                 "This line was not run: the batch was cancelled.".into(),
             ),

@@ -126,6 +126,13 @@ impl FileWriter {
         }
     }
 
+    /// The file's purpose (`batch_output` unless set).
+    #[must_use]
+    pub fn purpose(mut self, purpose: &str) -> Self {
+        self.file.purpose = purpose.to_string();
+        self
+    }
+
     /// Lines written so far.
     pub fn lines(&self) -> i64 {
         self.file.lines

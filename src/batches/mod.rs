@@ -63,11 +63,19 @@ fn invalid(param: &'static str, message: impl Into<String>) -> BatchError {
     }
 }
 
+/// The endpoint of an Anthropic Message Batch's requests.
+pub const MESSAGES_ENDPOINT: &str = "/v1/messages";
+
+/// The purpose of the file that holds a Message Batch's requests (made by
+/// idem, one line per request, as an OpenAI batch's input).
+pub const MESSAGE_BATCH_PURPOSE: &str = "message_batch";
+
 /// The dialect of a batch's endpoint, if batches serve it.
 pub fn endpoint_dialect(endpoint: &str) -> Option<Dialect> {
     match endpoint {
         "/v1/chat/completions" => Some(Dialect::Chat),
         "/v1/responses" => Some(Dialect::Responses),
+        MESSAGES_ENDPOINT => Some(Dialect::Messages),
         _ => None,
     }
 }
@@ -119,6 +127,12 @@ pub struct NewBatch {
     pub endpoint: String,
     pub completion_window: String,
     pub metadata: Option<Map<String, Value>>,
+    /// What a batch created again with the same key must match, when not
+    /// these fields: a Message Batch's requests (its input file is made
+    /// anew for each creation).
+    pub hash: Option<String>,
+    /// The lines, when known before validation (a Message Batch's).
+    pub total: i64,
 }
 
 /// The batches of one gateway: the store, and the wake-up of this
@@ -159,7 +173,12 @@ impl Batches {
         key: Option<String>,
         cfg: &BatchesConfig,
     ) -> Result<(BatchRecord, bool), BatchError> {
-        if endpoint_dialect(&new.endpoint).is_none() {
+        // The Messages face makes its own input file; the OpenAI face's
+        // endpoints are chat and Responses.
+        let messages = new.hash.is_some();
+        if messages != (new.endpoint == MESSAGES_ENDPOINT)
+            || endpoint_dialect(&new.endpoint).is_none()
+        {
             return Err(invalid(
                 "endpoint",
                 format!(
@@ -181,7 +200,7 @@ impl Batches {
         if let Some(m) = &new.metadata {
             check_metadata(m)?;
         }
-        let hash = payload_hash(&new);
+        let hash = new.hash.clone().unwrap_or_else(|| payload_hash(&new));
         if let Some(key) = &key
             && let Some(existing) = self.existing(tenant, key).await?
         {
@@ -193,11 +212,16 @@ impl Batches {
                 format!("no file with id {:?}", new.input_file_id),
             ));
         };
-        if file.purpose != "batch" {
+        let purpose = if messages {
+            MESSAGE_BATCH_PURPOSE
+        } else {
+            "batch"
+        };
+        if file.purpose != purpose {
             return Err(invalid(
                 "input_file_id",
                 format!(
-                    "file {} has purpose {:?}; a batch's input needs purpose \"batch\"",
+                    "file {} has purpose {:?}; a batch's input needs purpose {purpose:?}",
                     file.id, file.purpose
                 ),
             ));
@@ -210,7 +234,11 @@ impl Batches {
         }
         let now = now_ms();
         let record = BatchRecord {
-            id: format!("batch_{}", uuid::Uuid::now_v7().simple()),
+            id: format!(
+                "{}_{}",
+                if messages { "msgbatch" } else { "batch" },
+                uuid::Uuid::now_v7().simple()
+            ),
             tenant: tenant.to_string(),
             idempotency_key: key,
             payload_hash: hash.clone(),
@@ -223,7 +251,10 @@ impl Batches {
             errors: None,
             output_file_id: None,
             error_file_id: None,
-            counts: BatchCounts::default(),
+            counts: BatchCounts {
+                total: new.total,
+                ..BatchCounts::default()
+            },
             created_at: now,
             expires_at: now + WINDOW_MS,
             in_progress_at: None,
@@ -247,7 +278,11 @@ impl Batches {
 
     /// The tenant's batch of `key`, read before anything else so that a
     /// replay is answered even after its input file was deleted.
-    async fn existing(&self, tenant: &str, key: &str) -> Result<Option<BatchRecord>, BatchError> {
+    pub async fn existing(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<BatchRecord>, BatchError> {
         Ok(self.store.batch_by_key(tenant, key).await?)
     }
 

@@ -17,7 +17,7 @@ use super::jobs::{IDEMPOTENT_REPLAYED, idempotency_key};
 use super::openai::content_length;
 use super::validate;
 use super::{ApiPath, ApiQuery, AppState, Caller, Shared};
-use crate::batches::{BatchError, LineRefusal, NewBatch, Planned, batch_json};
+use crate::batches::{BatchError, LineRefusal, MESSAGES_ENDPOINT, NewBatch, Planned, batch_json};
 use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint;
 use crate::store::BatchRecord;
@@ -88,6 +88,8 @@ pub async fn create(
         endpoint: asked.endpoint,
         completion_window: asked.completion_window,
         metadata: asked.metadata,
+        hash: None,
+        total: 0,
     };
     let (batch, created) = app
         .batches
@@ -107,10 +109,17 @@ pub async fn create(
     Ok(resp)
 }
 
-async fn load(app: &AppState, tenant: &str, id: &str) -> Result<BatchRecord, ApiError> {
+/// The tenant's batch `id` of this face (`messages`: a Message Batch).
+pub(super) async fn load(
+    app: &AppState,
+    tenant: &str,
+    id: &str,
+    messages: bool,
+) -> Result<BatchRecord, ApiError> {
     app.store
         .batch(Some(tenant), id)
         .await?
+        .filter(|b| (b.endpoint == MESSAGES_ENDPOINT) == messages)
         .ok_or(ApiError::NotFound("batch"))
 }
 
@@ -121,7 +130,7 @@ pub async fn get(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = caller.tenant()?;
-    Ok(Json(batch_json(&load(&app, &tenant, &id).await?)))
+    Ok(Json(batch_json(&load(&app, &tenant, &id, false).await?)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,7 +160,7 @@ pub async fn list(
     }
     let mut batches = app
         .store
-        .list_batches(&tenant, q.after.as_deref(), limit + 1)
+        .list_batches(&tenant, false, q.after.as_deref(), limit + 1)
         .await?;
     let has_more = batches.len() > limit as usize;
     batches.truncate(limit as usize);
@@ -172,6 +181,7 @@ pub async fn cancel(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = caller.tenant()?;
+    load(&app, &tenant, &id, false).await?;
     Ok(Json(batch_json(&app.batches.cancel(&tenant, &id).await?)))
 }
 
@@ -202,6 +212,7 @@ pub fn plan_line(
 ) -> Result<Planned, LineRefusal> {
     let req = match dialect {
         Dialect::Responses => validate::responses_request(body, &app.limits),
+        Dialect::Messages => validate::messages_request(body, false, &app.limits),
         _ => validate::chat_request(body, &app.limits),
     }
     .map_err(|e| refusal(&e, false))?;

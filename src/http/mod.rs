@@ -17,6 +17,7 @@ pub mod files;
 pub mod intake;
 pub mod jobs;
 pub mod keys;
+pub mod message_batches;
 pub mod openai;
 pub mod ops;
 pub mod responses;
@@ -466,6 +467,19 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/v1/messages/count_tokens",
             post(openai::ChatPath(Dialect::CountTokens)),
+        )
+        .route(
+            "/v1/messages/batches",
+            post(message_batches::create).get(message_batches::list),
+        )
+        .route("/v1/messages/batches/{id}", get(message_batches::get))
+        .route(
+            "/v1/messages/batches/{id}/cancel",
+            post(message_batches::cancel),
+        )
+        .route(
+            "/v1/messages/batches/{id}/results",
+            get(message_batches::results),
         )
         .route("/v1/responses", post(openai::ChatPath(Dialect::Responses)))
         .route(

@@ -26,6 +26,13 @@ pub async fn on_startup(app: &Env) {
             }
             Err(e) => tracing::error!(error = %e, "cannot reconcile attempts at start-up"),
         }
+        // Likewise a batch's claim: its driver is gone, and this process's
+        // drivers resume the batch at once rather than after the lease.
+        match app.store().release_batch_claims().await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(batches = n, "batches left by a previous run are resumed"),
+            Err(e) => tracing::error!(error = %e, "cannot release batch claims at start-up"),
+        }
     }
     once(app).await;
 }

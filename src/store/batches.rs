@@ -79,6 +79,8 @@ pub struct BatchCounts {
     pub deduplicated: i64,
     /// Answered by a line of an earlier batch of the tenant.
     pub reused: i64,
+    /// Not run: the batch was cancelled or expired first (among `failed`).
+    pub not_run: i64,
 }
 
 /// A `batches` row.
@@ -137,6 +139,7 @@ pub(super) struct BatchRow {
     failed: i64,
     deduplicated: i64,
     reused: i64,
+    not_run: i64,
     created_at: i64,
     expires_at: i64,
     in_progress_at: Option<i64>,
@@ -169,6 +172,7 @@ from_row!(BatchRow {
     failed,
     deduplicated,
     reused,
+    not_run,
     created_at,
     expires_at,
     in_progress_at,
@@ -209,6 +213,7 @@ impl TryFrom<BatchRow> for BatchRecord {
                 failed: r.failed,
                 deduplicated: r.deduplicated,
                 reused: r.reused,
+                not_run: r.not_run,
             },
             created_at: r.created_at,
             expires_at: r.expires_at,
@@ -254,9 +259,12 @@ pub trait BatchStore: Send + Sync + 'static {
 
     /// A tenant's batches, newest first, strictly after the batch `after`
     /// (none if that batch is not the tenant's).
+    /// A tenant's batches of one face (`messages`: Anthropic's Message
+    /// Batches; else OpenAI's), newest first, after the batch `after`.
     async fn list_batches(
         &self,
         tenant: &str,
+        messages: bool,
         after: Option<&str>,
         limit: u32,
     ) -> Result<Vec<BatchRecord>>;
@@ -281,6 +289,10 @@ pub trait BatchStore: Send + Sync + 'static {
 
     /// Gives the claim up (the driver is done, or stops).
     async fn release_batch(&self, id: &str, worker: &str) -> Result<()>;
+
+    /// Gives up every batch's claim: at the start of the one process that
+    /// uses an SQLite file, a claim can only be a previous run's.
+    async fn release_batch_claims(&self) -> Result<u64>;
 
     /// A tenant's `validating` or `in_progress` batch becomes `cancelling`.
     /// Returns the batch as it is afterwards (None: no such batch).
@@ -318,7 +330,7 @@ macro_rules! columns {
     () => {
         "id, tenant, idempotency_key, payload_hash, endpoint, input_file_id, completion_window,
          metadata, key_id, status, errors, output_file_id, error_file_id, total, completed,
-         failed, deduplicated, reused, created_at, expires_at, in_progress_at, finalizing_at,
+         failed, deduplicated, reused, not_run, created_at, expires_at, in_progress_at, finalizing_at,
          completed_at, failed_at, expired_at, cancelling_at, cancelled_at, claimed_by,
          claim_until"
     };
@@ -412,6 +424,7 @@ where
     async fn list_batches(
         &self,
         tenant: &str,
+        messages: bool,
         after: Option<&str>,
         limit: u32,
     ) -> Result<Vec<BatchRecord>> {
@@ -441,6 +454,7 @@ where
             " FROM batches
              WHERE tenant = $1
                AND (CAST($2 AS BIGINT) IS NULL OR (created_at, id) < ($2, $3))
+               AND (CASE WHEN endpoint = '/v1/messages' THEN 1 ELSE 0 END) = $5
              ORDER BY created_at DESC, id DESC
              LIMIT $4"
         ))
@@ -448,6 +462,7 @@ where
         .bind(at)
         .bind(id.as_deref())
         .bind(i64::from(limit))
+        .bind(i32::from(messages))
         .fetch_all(self.reader())
         .await?;
         rows.into_iter().map(BatchRecord::try_from).collect()
@@ -511,7 +526,7 @@ where
              SET status = $4, errors = $5, output_file_id = $6, error_file_id = $7,
                  total = $8, completed = $9, failed = $10, deduplicated = $11, reused = $12,
                  in_progress_at = $13, finalizing_at = $14, completed_at = $15,
-                 failed_at = $16, expired_at = $17, cancelled_at = $18
+                 failed_at = $16, expired_at = $17, cancelled_at = $18, not_run = $19
              WHERE id = $1 AND claimed_by = $2 AND status = $3",
         )
         .bind(b.id.as_str())
@@ -532,6 +547,7 @@ where
         .bind(b.failed_at)
         .bind(b.expired_at)
         .bind(b.cancelled_at)
+        .bind(b.counts.not_run)
         .execute(self.writer())
         .await?;
         Ok(D::rows_affected(&done) > 0)
@@ -547,6 +563,16 @@ where
         .execute(self.writer())
         .await?;
         Ok(())
+    }
+
+    async fn release_batch_claims(&self) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE batches SET claimed_by = NULL, claim_until = NULL
+             WHERE claimed_by IS NOT NULL",
+        )
+        .execute(self.writer())
+        .await?;
+        Ok(D::rows_affected(&done))
     }
 
     async fn cancel_batch(&self, tenant: &str, id: &str, now: i64) -> Result<Option<BatchRecord>> {

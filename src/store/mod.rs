@@ -757,6 +757,10 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> 
     }
 }
 
+/// The reason of an attempt made `unknown` because its lease expired (its
+/// process died or stalled): no call of it listens for an answer.
+pub const LEASE_EXPIRED: &str = "lease_expired";
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     let d = std::time::SystemTime::now()

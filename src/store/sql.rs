@@ -860,12 +860,13 @@ where
         now: i64,
     ) -> Result<Vec<AttemptRecord>> {
         let rows: Vec<AttemptRow> = sqlx::query_as(
-            "UPDATE attempts SET state = 'unknown', reason = 'lease_expired', finished_at = $2
+            "UPDATE attempts SET state = 'unknown', reason = $3, finished_at = $2
              WHERE state IN ('starting', 'running') AND lease_until < $1
              RETURNING *",
         )
         .bind(lease_before)
         .bind(now)
+        .bind(super::LEASE_EXPIRED)
         .fetch_all(self.writer())
         .await?;
         let mut attempts = rows::attempts(rows)?;

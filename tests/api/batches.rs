@@ -3,11 +3,14 @@
 //! distinct line (within a batch and across a tenant's batches), a batch
 //! created again with its Idempotency-Key is the same batch, validation
 //! fails a batch with OpenAI's errors, a cancel lets the lines in flight
-//! finish and runs no other, and another tenant sees nothing.
+//! finish and runs no other, another tenant sees nothing, and a batch
+//! whose process was SIGKILLed resumes after a restart, no line called
+//! twice.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use idem::mock_upstream::Behaviour;
 use serde_json::{Value, json};
 
 use crate::files::upload;
@@ -324,4 +327,151 @@ async fn a_cancel_lets_the_lines_in_flight_finish_and_runs_no_other() {
         "{errors:?}"
     );
     app.stop().await;
+}
+
+/// `POST path` on a gateway process with tenant key `key`.
+async fn proc_post(proc: &Proc, key: &str, path: &str, body: reqwest::Body, ctype: &str) -> Value {
+    let r = client()
+        .post(format!("{}{path}", proc.base))
+        .bearer_auth(key)
+        .header("content-type", ctype)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+async fn proc_get(proc: &Proc, key: &str, path: &str) -> reqwest::Response {
+    client()
+        .get(format!("{}{path}", proc.base))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_batch_killed_mid_run_resumes_after_a_restart_and_calls_no_line_twice() {
+    let spec = Spec {
+        route: "batch = { concurrency = 2 }".into(),
+        ..holding()
+    };
+    let mocks = start_mocks(&spec).await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let config = dir.join("idem.toml");
+    std::fs::write(&config, config_text(&spec, &mocks, &db, "127.0.0.1:0")).unwrap();
+    let proc = Proc::start(&config, &[]).await;
+
+    // Six distinct prompts, then three lines repeating the first three.
+    let mut lines: Vec<String> = (0..6)
+        .map(|i| line(&format!("a-{i}"), &format!("k{i}")))
+        .collect();
+    lines.extend((0..3).map(|i| line(&format!("dup-{i}"), &format!("k{i}"))));
+    let content = lines.join("\n") + "\n";
+    let form = crate::files::form(&[
+        ("purpose", None, b"batch"),
+        ("file", Some("input.jsonl"), content.as_bytes()),
+    ]);
+    let file = proc_post(
+        &proc,
+        ACME,
+        "/v1/files",
+        form.into(),
+        &format!("multipart/form-data; boundary={}", crate::files::BOUNDARY),
+    )
+    .await;
+    let body = json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+                      "completion_window": "24h"});
+    let batch = proc_post(
+        &proc,
+        ACME,
+        "/v1/batches",
+        body.to_string().into(),
+        "application/json",
+    )
+    .await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+
+    // The first two lines are at the provider when the process dies; the
+    // provider answers a process that is gone.
+    held(&mocks.primary, 2).await;
+    let mut proc = proc;
+    proc.child.kill().await.unwrap(); // SIGKILL
+    let _ = proc.child.wait().await;
+    mocks.primary.set_behaviour(Behaviour::default());
+    release(&mocks.primary, None).await;
+
+    // Within the claim's lease (30 s): the restart resumes the batch at
+    // once, not when the dead process's claim lapses.
+    let proc = Proc::start(&config, &[]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let b = loop {
+        let b: Value = proc_get(&proc, ACME, &format!("/v1/batches/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if b["status"] == "completed" {
+            break b;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch did not complete after the restart: {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // Every prompt was sent once: the two lines in flight at the kill were
+    // not sent again (their outcome is unknown), the four never started
+    // ran after the restart, and the repeats made no call.
+    let mut prompts: Vec<String> = mocks
+        .primary
+        .calls()
+        .into_iter()
+        .map(|c| c.prompt)
+        .collect();
+    prompts.sort();
+    assert_eq!(prompts, ["k0", "k1", "k2", "k3", "k4", "k5"]);
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 9, "completed": 5, "failed": 4}),
+        "{b}"
+    );
+    assert_eq!(b["idem"]["deduplicated"], 1, "{b}");
+
+    // No line is missing: each custom_id is in one file or the other.
+    let read = |file: String| {
+        let proc = &proc;
+        async move {
+            let text = proc_get(proc, ACME, &format!("/v1/files/{file}/content"))
+                .await
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    let out = read(b["output_file_id"].as_str().unwrap().to_owned()).await;
+    let errors = read(b["error_file_id"].as_str().unwrap().to_owned()).await;
+    let answered = answers(&out);
+    let mut ids: Vec<&str> = answered.keys().map(String::as_str).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["a-2", "a-3", "a-4", "a-5", "dup-2"]);
+    assert_eq!(answered["dup-2"], answered["a-2"]);
+    let mut unknown: Vec<&str> = errors
+        .iter()
+        .map(|e| {
+            assert_eq!(e["error"]["code"], "unknown", "{e}");
+            e["custom_id"].as_str().unwrap()
+        })
+        .collect();
+    unknown.sort_unstable();
+    assert_eq!(unknown, ["a-0", "a-1", "dup-0", "dup-1"]);
+    drop(proc);
+    let _ = std::fs::remove_dir_all(&dir);
 }

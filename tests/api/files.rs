@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::helpers::*;
 
-const BOUNDARY: &str = "idem-test-boundary-7d1f0c";
+pub const BOUNDARY: &str = "idem-test-boundary-7d1f0c";
 
 /// A field of a multipart form: (name, filename for a file, content).
 pub type Part<'a> = (&'a str, Option<&'a str>, &'a [u8]);

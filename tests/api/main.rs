@@ -26,6 +26,7 @@ mod helpers;
 mod hostile;
 mod jobs;
 mod keys;
+mod message_batches;
 mod native;
 mod ops;
 mod patterns;

@@ -119,3 +119,38 @@ fn output_and_error_lines_have_openais_shape() {
     let (_, v) = parsed(output_line("c6", None, Some(&held), Ending::Cancelled));
     assert_eq!(v["error"]["code"], "unknown");
 }
+
+fn attempt(state: AttemptState, reason: Option<&str>, started_at: i64) -> AttemptRecord {
+    AttemptRecord {
+        job_id: "j".into(),
+        n: 1,
+        provider: "p".into(),
+        model: "m".into(),
+        state,
+        reason: reason.map(str::to_string),
+        hedge: false,
+        read_version: 0,
+        owner: None,
+        started_at,
+        finished_at: None,
+        lease_until: None,
+    }
+}
+
+#[test]
+fn a_line_is_given_up_only_when_no_call_can_answer_it_any_more() {
+    let late = Duration::from_secs(600);
+    let now = 1_000_000_000;
+    let dead = attempt(AttemptState::Unknown, Some(LEASE_EXPIRED), now);
+    let timed_out = attempt(AttemptState::Unknown, Some("timeout"), now - 60_000);
+    let past_window = attempt(AttemptState::Unknown, Some("timeout"), now - 600_000);
+    let running = attempt(AttemptState::Running, None, now);
+    // Its process died, or its late window passed: nothing will end it.
+    assert!(held_for_good(std::slice::from_ref(&dead), late, now));
+    assert!(held_for_good(std::slice::from_ref(&past_window), late, now));
+    // Its call still listens for a late answer, or another attempt runs.
+    assert!(!held_for_good(std::slice::from_ref(&timed_out), late, now));
+    assert!(!held_for_good(&[dead, running.clone()], late, now));
+    assert!(!held_for_good(&[running], late, now));
+    assert!(!held_for_good(&[], late, now));
+}

@@ -90,7 +90,7 @@ async fn batches_one_per_key_and_tenant_scoped(s: Arc<dyn Store>) {
     assert!(s.batch(None, "batch_c").await.unwrap().is_some());
     // Newest first, after a cursor; another tenant's cursor gives nothing.
     let listed: Vec<String> = s
-        .list_batches("t1", None, 10)
+        .list_batches("t1", false, None, 10)
         .await
         .unwrap()
         .into_iter()
@@ -98,7 +98,7 @@ async fn batches_one_per_key_and_tenant_scoped(s: Arc<dyn Store>) {
         .collect();
     assert_eq!(listed, ["batch_b", "batch_a", new[0].id.as_str()]);
     let rest: Vec<String> = s
-        .list_batches("t1", Some("batch_b"), 1)
+        .list_batches("t1", false, Some("batch_b"), 1)
         .await
         .unwrap()
         .into_iter()
@@ -106,7 +106,7 @@ async fn batches_one_per_key_and_tenant_scoped(s: Arc<dyn Store>) {
         .collect();
     assert_eq!(rest, ["batch_a"]);
     assert!(
-        s.list_batches("t1", Some("batch_c"), 10)
+        s.list_batches("t1", false, Some("batch_c"), 10)
             .await
             .unwrap()
             .is_empty()
