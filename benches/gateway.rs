@@ -47,6 +47,8 @@ mod t3_jobs;
 mod t4_redis;
 #[path = "gateway/t5_embeddings.rs"]
 mod t5_embeddings;
+#[path = "gateway/t6_batches.rs"]
+mod t6_batches;
 #[path = "gateway/wave.rs"]
 mod wave;
 
@@ -77,9 +79,9 @@ impl Settings {
                         t.trim()
                             .parse::<u8>()
                             .ok()
-                            .filter(|n| (1..=5).contains(n))
+                            .filter(|n| (1..=6).contains(n))
                             .with_context(|| {
-                                format!("IDEM_BENCH_ONLY: {t:?} is not a table number (1..5)")
+                                format!("IDEM_BENCH_ONLY: {t:?} is not a table number (1..6)")
                             })
                     })
                     .collect::<anyhow::Result<BTreeSet<u8>>>()?,
@@ -99,12 +101,13 @@ impl Settings {
     }
 }
 
-const TABLES: [(u8, &str); 5] = [
+const TABLES: [(u8, &str); 6] = [
     (1, "proxy overhead"),
     (2, "wave of identical requests"),
     (3, "idempotent job creations"),
     (4, "Redis vs memory backend"),
     (5, "embeddings re-index"),
+    (6, "Batch API"),
 ];
 
 async fn table(n: u8, s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
@@ -113,7 +116,8 @@ async fn table(n: u8, s: Arc<Settings>) -> anyhow::Result<Vec<Table>> {
         2 => t2_wave::run(s).await,
         3 => t3_jobs::run(s).await.map(|t| vec![t]),
         4 => t4_redis::run(s).await.map(|t| vec![t]),
-        _ => t5_embeddings::run(s).await.map(|t| vec![t]),
+        5 => t5_embeddings::run(s).await.map(|t| vec![t]),
+        _ => t6_batches::run(s).await.map(|t| vec![t]),
     }
 }
 

@@ -133,6 +133,7 @@ async fn claim_loop(env: Env, shutdown: CancellationToken, tracker: TaskTracker,
 async fn drive(env: Env, batch: BatchRecord, shutdown: CancellationToken) {
     let worker = env.batches().worker_id.clone();
     let id = batch.id.clone();
+    tracing::info!(batch = %id, status = batch.status.as_str(), "batch claimed");
     let stop = shutdown.child_token();
     // Keep the claim while driving; a refused renewal (another driver took
     // the batch over) stops this one.

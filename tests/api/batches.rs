@@ -257,6 +257,19 @@ async fn a_batch_with_bad_lines_fails_validation_and_a_bad_body_is_its_lines_err
         ]
     );
     assert_eq!(app.calls(), 0);
+    // Endpoints a batch does not run: refused at creation.
+    for endpoint in ["/v1/embeddings", "/v1/messages", "/v1/completions"] {
+        let r = app
+            .post_json(
+                ACME,
+                "/v1/batches",
+                &json!({"input_file_id": file, "endpoint": endpoint, "completion_window": "24h"}),
+                &[],
+            )
+            .await;
+        let v = assert_error(r, 400, "invalid_value").await;
+        assert_eq!(v["error"]["param"], "endpoint", "{v}");
+    }
 
     // A body its face would refuse is that line's error, not the batch's.
     let lines = vec![
@@ -474,4 +487,144 @@ async fn a_batch_killed_mid_run_resumes_after_a_restart_and_calls_no_line_twice(
     assert_eq!(unknown, ["a-0", "a-1", "dup-0", "dup-1"]);
     drop(proc);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_replica_killed_mid_batch_leaves_it_to_another_and_no_line_is_called_twice() {
+    // Three replicas on PostgreSQL, each driving batches and running jobs,
+    // with short claims and attempt leases.
+    let spec = Spec {
+        route: "batch = { concurrency = 2 }".into(),
+        jobs: "attempt_lease = \"1s\"\nclaim_lease = \"2s\"\nreconcile_interval = \"200ms\"\n\
+               poll_interval = \"200ms\"\n"
+            .into(),
+        ..holding()
+    };
+    let mut c = crate::replicas::Cluster::start(3, spec, &crate::replicas::redis_url()).await;
+    let mut lines: Vec<String> = (0..6)
+        .map(|i| line(&format!("a-{i}"), &format!("r{i}")))
+        .collect();
+    lines.extend((0..3).map(|i| line(&format!("dup-{i}"), &format!("r{i}"))));
+    let content = lines.join("\n") + "\n";
+    let form = crate::files::form(&[
+        ("purpose", None, b"batch"),
+        ("file", Some("input.jsonl"), content.as_bytes()),
+    ]);
+    let file = proc_post(
+        &c.procs[0],
+        ACME,
+        "/v1/files",
+        form.into(),
+        &format!("multipart/form-data; boundary={}", crate::files::BOUNDARY),
+    )
+    .await;
+    let body = json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+                      "completion_window": "24h"});
+    let batch = proc_post(
+        &c.procs[0],
+        ACME,
+        "/v1/batches",
+        body.to_string().into(),
+        "application/json",
+    )
+    .await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    held(&c.mocks.primary, 2).await;
+
+    // The replica driving the batch logged its claim; it dies with two
+    // lines at the provider.
+    let mut driver = None;
+    for _ in 0..1500 {
+        driver = c.procs.iter_mut().position(|p| {
+            p.drain().iter().any(|l| {
+                serde_json::from_str::<Value>(l)
+                    .is_ok_and(|v| v["message"] == "batch claimed" && v["batch"] == id.as_str())
+            })
+        });
+        if driver.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let driver = driver.expect("no replica logged the batch's claim");
+    c.procs[driver].child.kill().await.unwrap(); // SIGKILL
+    let _ = c.procs[driver].child.wait().await;
+    c.mocks.primary.set_behaviour(Behaviour::default());
+    release(&c.mocks.primary, None).await;
+
+    let alive = (0..3).find(|i| *i != driver).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let b = loop {
+        let b: Value = proc_get(&c.procs[alive], ACME, &format!("/v1/batches/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if b["status"] == "completed" {
+            break b;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "another replica did not complete the batch: {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Every distinct prompt was sent once, whoever ran it.
+    let mut prompts: Vec<String> = c
+        .mocks
+        .primary
+        .calls()
+        .into_iter()
+        .map(|call| call.prompt)
+        .collect();
+    prompts.sort();
+    assert_eq!(prompts, ["r0", "r1", "r2", "r3", "r4", "r5"]);
+    // No line is missing: each is answered, or unknown (its attempt ran on
+    // the replica that died), never run twice.
+    let read = |file: String| {
+        let proc = &c.procs[alive];
+        async move {
+            let text = proc_get(proc, ACME, &format!("/v1/files/{file}/content"))
+                .await
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    let out = match b["output_file_id"].as_str() {
+        Some(f) => read(f.to_owned()).await,
+        None => Vec::new(),
+    };
+    let errors = match b["error_file_id"].as_str() {
+        Some(f) => read(f.to_owned()).await,
+        None => Vec::new(),
+    };
+    let answered = answers(&out);
+    let mut ids: Vec<String> = answered.keys().cloned().collect();
+    for e in &errors {
+        assert_eq!(e["error"]["code"], "unknown", "{e}");
+        ids.push(e["custom_id"].as_str().unwrap().to_owned());
+    }
+    ids.sort();
+    let mut all: Vec<String> = (0..6)
+        .map(|i| format!("a-{i}"))
+        .chain((0..3).map(|i| format!("dup-{i}")))
+        .collect();
+    all.sort();
+    assert_eq!(ids, all, "each line once, in one file or the other");
+    for (id, text) in &answered {
+        let prompt = id.rsplit('-').next().unwrap();
+        assert!(text.contains(&format!("r{prompt}")), "{id}: {text}");
+    }
+    assert_eq!(
+        b["request_counts"]["completed"].as_u64().unwrap() as usize,
+        out.len()
+    );
+    assert_eq!(
+        b["request_counts"]["failed"].as_u64().unwrap() as usize,
+        errors.len()
+    );
 }
