@@ -343,10 +343,10 @@ async fn a_cancel_lets_the_lines_in_flight_finish_and_runs_no_other() {
 }
 
 /// `POST path` on a gateway process with tenant key `key`.
-async fn proc_post(proc: &Proc, key: &str, path: &str, body: reqwest::Body, ctype: &str) -> Value {
+async fn proc_post(proc: &Proc, path: &str, body: reqwest::Body, ctype: &str) -> Value {
     let r = client()
         .post(format!("{}{path}", proc.base))
-        .bearer_auth(key)
+        .bearer_auth(ACME)
         .header("content-type", ctype)
         .body(body)
         .send()
@@ -356,13 +356,90 @@ async fn proc_post(proc: &Proc, key: &str, path: &str, body: reqwest::Body, ctyp
     r.json().await.unwrap()
 }
 
-async fn proc_get(proc: &Proc, key: &str, path: &str) -> reqwest::Response {
+async fn proc_get(proc: &Proc, path: &str) -> reqwest::Response {
     client()
         .get(format!("{}{path}", proc.base))
-        .bearer_auth(key)
+        .bearer_auth(ACME)
         .send()
         .await
         .unwrap()
+}
+
+/// Six distinct prompts `<tag>0..5` (lines `a-0..5`), then three lines
+/// (`dup-0..2`) repeating the first three: uploaded and made a batch on
+/// `proc`. Returns the batch's id.
+async fn proc_batch(proc: &Proc, tag: &str) -> String {
+    let mut lines: Vec<String> = (0..6)
+        .map(|i| line(&format!("a-{i}"), &format!("{tag}{i}")))
+        .collect();
+    lines.extend((0..3).map(|i| line(&format!("dup-{i}"), &format!("{tag}{i}"))));
+    let content = lines.join("\n") + "\n";
+    let form = crate::files::form(&[
+        ("purpose", None, b"batch"),
+        ("file", Some("input.jsonl"), content.as_bytes()),
+    ]);
+    let ctype = format!("multipart/form-data; boundary={}", crate::files::BOUNDARY);
+    let file = proc_post(proc, "/v1/files", form.into(), &ctype).await;
+    let body = json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+                      "completion_window": "24h"});
+    let batch = proc_post(
+        proc,
+        "/v1/batches",
+        body.to_string().into(),
+        "application/json",
+    )
+    .await;
+    batch["id"].as_str().unwrap().to_owned()
+}
+
+/// Polls the batch on `proc` until it is completed, within `limit`.
+async fn proc_completed(proc: &Proc, id: &str, limit: Duration) -> Value {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let b: Value = proc_get(proc, &format!("/v1/batches/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if b["status"] == "completed" {
+            return b;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch did not complete within {limit:?}: {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The lines of the batch's output and error files (none for a file the
+/// batch does not have).
+async fn proc_files(proc: &Proc, b: &Value) -> (Vec<Value>, Vec<Value>) {
+    let mut read = Vec::new();
+    for which in ["output_file_id", "error_file_id"] {
+        let mut lines = Vec::new();
+        if let Some(file) = b[which].as_str() {
+            let text = proc_get(proc, &format!("/v1/files/{file}/content"))
+                .await
+                .text()
+                .await
+                .unwrap();
+            lines = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+        }
+        read.push(lines);
+    }
+    let errors = read.pop().unwrap_or_default();
+    (read.pop().unwrap_or_default(), errors)
+}
+
+/// The prompts the mock was sent, sorted.
+fn prompts(mock: &idem::mock_upstream::MockServer) -> Vec<String> {
+    let mut p: Vec<String> = mock.calls().into_iter().map(|c| c.prompt).collect();
+    p.sort();
+    p
 }
 
 #[tokio::test]
@@ -377,36 +454,7 @@ async fn a_batch_killed_mid_run_resumes_after_a_restart_and_calls_no_line_twice(
     let config = dir.join("idem.toml");
     std::fs::write(&config, config_text(&spec, &mocks, &db, "127.0.0.1:0")).unwrap();
     let proc = Proc::start(&config, &[]).await;
-
-    // Six distinct prompts, then three lines repeating the first three.
-    let mut lines: Vec<String> = (0..6)
-        .map(|i| line(&format!("a-{i}"), &format!("k{i}")))
-        .collect();
-    lines.extend((0..3).map(|i| line(&format!("dup-{i}"), &format!("k{i}"))));
-    let content = lines.join("\n") + "\n";
-    let form = crate::files::form(&[
-        ("purpose", None, b"batch"),
-        ("file", Some("input.jsonl"), content.as_bytes()),
-    ]);
-    let file = proc_post(
-        &proc,
-        ACME,
-        "/v1/files",
-        form.into(),
-        &format!("multipart/form-data; boundary={}", crate::files::BOUNDARY),
-    )
-    .await;
-    let body = json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
-                      "completion_window": "24h"});
-    let batch = proc_post(
-        &proc,
-        ACME,
-        "/v1/batches",
-        body.to_string().into(),
-        "application/json",
-    )
-    .await;
-    let id = batch["id"].as_str().unwrap().to_owned();
+    let id = proc_batch(&proc, "k").await;
 
     // The first two lines are at the provider when the process dies; the
     // provider answers a process that is gone.
@@ -420,34 +468,15 @@ async fn a_batch_killed_mid_run_resumes_after_a_restart_and_calls_no_line_twice(
     // Within the claim's lease (30 s): the restart resumes the batch at
     // once, not when the dead process's claim lapses.
     let proc = Proc::start(&config, &[]).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let b = loop {
-        let b: Value = proc_get(&proc, ACME, &format!("/v1/batches/{id}"))
-            .await
-            .json()
-            .await
-            .unwrap();
-        if b["status"] == "completed" {
-            break b;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the batch did not complete after the restart: {b}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let b = proc_completed(&proc, &id, Duration::from_secs(20)).await;
 
     // Every prompt was sent once: the two lines in flight at the kill were
     // not sent again (their outcome is unknown), the four never started
     // ran after the restart, and the repeats made no call.
-    let mut prompts: Vec<String> = mocks
-        .primary
-        .calls()
-        .into_iter()
-        .map(|c| c.prompt)
-        .collect();
-    prompts.sort();
-    assert_eq!(prompts, ["k0", "k1", "k2", "k3", "k4", "k5"]);
+    assert_eq!(
+        prompts(&mocks.primary),
+        ["k0", "k1", "k2", "k3", "k4", "k5"]
+    );
     assert_eq!(
         b["request_counts"],
         json!({"total": 9, "completed": 5, "failed": 4}),
@@ -456,21 +485,7 @@ async fn a_batch_killed_mid_run_resumes_after_a_restart_and_calls_no_line_twice(
     assert_eq!(b["idem"]["deduplicated"], 1, "{b}");
 
     // No line is missing: each custom_id is in one file or the other.
-    let read = |file: String| {
-        let proc = &proc;
-        async move {
-            let text = proc_get(proc, ACME, &format!("/v1/files/{file}/content"))
-                .await
-                .text()
-                .await
-                .unwrap();
-            text.lines()
-                .map(|l| serde_json::from_str::<Value>(l).unwrap())
-                .collect::<Vec<_>>()
-        }
-    };
-    let out = read(b["output_file_id"].as_str().unwrap().to_owned()).await;
-    let errors = read(b["error_file_id"].as_str().unwrap().to_owned()).await;
+    let (out, errors) = proc_files(&proc, &b).await;
     let answered = answers(&out);
     let mut ids: Vec<&str> = answered.keys().map(String::as_str).collect();
     ids.sort_unstable();
@@ -501,34 +516,7 @@ async fn a_replica_killed_mid_batch_leaves_it_to_another_and_no_line_is_called_t
         ..holding()
     };
     let mut c = crate::replicas::Cluster::start(3, spec, &crate::replicas::redis_url()).await;
-    let mut lines: Vec<String> = (0..6)
-        .map(|i| line(&format!("a-{i}"), &format!("r{i}")))
-        .collect();
-    lines.extend((0..3).map(|i| line(&format!("dup-{i}"), &format!("r{i}"))));
-    let content = lines.join("\n") + "\n";
-    let form = crate::files::form(&[
-        ("purpose", None, b"batch"),
-        ("file", Some("input.jsonl"), content.as_bytes()),
-    ]);
-    let file = proc_post(
-        &c.procs[0],
-        ACME,
-        "/v1/files",
-        form.into(),
-        &format!("multipart/form-data; boundary={}", crate::files::BOUNDARY),
-    )
-    .await;
-    let body = json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
-                      "completion_window": "24h"});
-    let batch = proc_post(
-        &c.procs[0],
-        ACME,
-        "/v1/batches",
-        body.to_string().into(),
-        "application/json",
-    )
-    .await;
-    let id = batch["id"].as_str().unwrap().to_owned();
+    let id = proc_batch(&c.procs[0], "r").await;
     held(&c.mocks.primary, 2).await;
 
     // The replica driving the batch logged its claim; it dies with two
@@ -552,56 +540,16 @@ async fn a_replica_killed_mid_batch_leaves_it_to_another_and_no_line_is_called_t
     c.mocks.primary.set_behaviour(Behaviour::default());
     release(&c.mocks.primary, None).await;
 
-    let alive = (0..3).find(|i| *i != driver).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let b = loop {
-        let b: Value = proc_get(&c.procs[alive], ACME, &format!("/v1/batches/{id}"))
-            .await
-            .json()
-            .await
-            .unwrap();
-        if b["status"] == "completed" {
-            break b;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "another replica did not complete the batch: {b}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let alive = &c.procs[(0..3).find(|i| *i != driver).unwrap()];
+    let b = proc_completed(alive, &id, Duration::from_secs(60)).await;
     // Every distinct prompt was sent once, whoever ran it.
-    let mut prompts: Vec<String> = c
-        .mocks
-        .primary
-        .calls()
-        .into_iter()
-        .map(|call| call.prompt)
-        .collect();
-    prompts.sort();
-    assert_eq!(prompts, ["r0", "r1", "r2", "r3", "r4", "r5"]);
+    assert_eq!(
+        prompts(&c.mocks.primary),
+        ["r0", "r1", "r2", "r3", "r4", "r5"]
+    );
     // No line is missing: each is answered, or unknown (its attempt ran on
     // the replica that died), never run twice.
-    let read = |file: String| {
-        let proc = &c.procs[alive];
-        async move {
-            let text = proc_get(proc, ACME, &format!("/v1/files/{file}/content"))
-                .await
-                .text()
-                .await
-                .unwrap();
-            text.lines()
-                .map(|l| serde_json::from_str::<Value>(l).unwrap())
-                .collect::<Vec<_>>()
-        }
-    };
-    let out = match b["output_file_id"].as_str() {
-        Some(f) => read(f.to_owned()).await,
-        None => Vec::new(),
-    };
-    let errors = match b["error_file_id"].as_str() {
-        Some(f) => read(f.to_owned()).await,
-        None => Vec::new(),
-    };
+    let (out, errors) = proc_files(alive, &b).await;
     let answered = answers(&out);
     let mut ids: Vec<String> = answered.keys().cloned().collect();
     for e in &errors {
