@@ -280,6 +280,10 @@ struct Driver {
     last_progress: Instant,
     /// A cancel or the batch's expiry: no new line starts.
     stopping: Option<Ending>,
+    /// This driver moved the batch to `in_progress`: no line of it has a
+    /// job yet but those this run makes (each custom_id once), so a line's
+    /// job need not be looked for before it is made.
+    fresh: bool,
 }
 
 impl Driver {
@@ -294,6 +298,7 @@ impl Driver {
             allowed: HashMap::new(),
             last_progress: Instant::now(),
             stopping: None,
+            fresh: false,
         }
     }
 
@@ -486,7 +491,8 @@ impl Driver {
             next.failed_at = Some(now);
             next.errors = Some(Value::from(errors).to_string());
         }
-        self.save(next).await?;
+        let started = next.status == BatchStatus::InProgress;
+        self.fresh = self.save(next).await? && started;
         Ok(())
     }
 
@@ -623,7 +629,12 @@ impl Driver {
             firsts.insert(p.fp, (n, parsed.custom_id.clone()));
             self.progress(false).await?;
             let key = line_key(&self.b.id, &parsed.custom_id);
-            let job = match store.job_by_key(&tenant, &key).await? {
+            let made = if self.fresh {
+                None
+            } else {
+                store.job_by_key(&tenant, &key).await?
+            };
+            let job = match made {
                 Some(j) => j,
                 None if self.stopping.is_some() => continue,
                 None => {
@@ -725,7 +736,12 @@ impl Driver {
             }
             self.progress(false).await?;
             let key = line_key(&self.b.id, &parsed.custom_id);
-            let job = match store.job_by_key(&tenant, &key).await? {
+            let made = if self.fresh {
+                None
+            } else {
+                store.job_by_key(&tenant, &key).await?
+            };
+            let job = match made {
                 Some(j) => j,
                 None => {
                     let from = store
@@ -750,6 +766,8 @@ impl Driver {
             self.b.counts.deduplicated += 1;
         }
         self.progress(true).await?;
+        // Another pass (after a cancel) meets the jobs this one made.
+        self.fresh = false;
         Ok(self.stopping.unwrap_or(Ending::Completed))
     }
 

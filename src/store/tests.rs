@@ -2364,9 +2364,13 @@ async fn grant_concurrent_never_exceeds_budget(s: Arc<dyn Store>) {
 
     // Four calls settle for less than they reserved: what they did not
     // spend is free again, for anyone.
-    let holders: Vec<String> = by_holder.keys().cloned().collect();
-    for i in 0..4 {
-        let holder = &holders[i % holders.len()];
+    // Each settles a unit its holder was granted: a holder that got one
+    // unit settles once (the grants fall on the holders at random).
+    let units: Vec<&String> = by_holder
+        .iter()
+        .flat_map(|(holder, amounts)| std::iter::repeat_n(holder, amounts.len()))
+        .collect();
+    for holder in units.iter().take(4) {
         s.settle(holder, &[settlement(scope, UNIT, 40, 1)], T0 + 1)
             .await
             .unwrap();
