@@ -9,7 +9,8 @@
 //! 1. `validating`: the input file is read through once; a line that is
 //!    not JSON, lacks a `custom_id` or repeats one, names another method or
 //!    endpoint, or a model no route serves (or the key may not use), fails
-//!    the batch with OpenAI's errors. Otherwise `in_progress`.
+//!    the batch with OpenAI's errors (a Message Batch's requests each end
+//!    on their own instead). Otherwise `in_progress`.
 //! 2. `in_progress`, first pass: the first line of each fingerprint
 //!    becomes a job (keyed by the batch and its `custom_id`: made once,
 //!    whoever makes it), at most `batch.concurrency` of the route in flight;
@@ -22,7 +23,9 @@
 //!    order, and the batch is `completed` (or `cancelled`, `expired`).
 //!
 //! A cancel starts no new line; lines in flight finish (or stay unknown,
-//! as jobs do). Past `expires_at` the same, and the batch is `expired`.
+//! as jobs do). Past `expires_at` the same, and the batch is `expired`. A
+//! line held by an `unknown` attempt that no call can answer any more is
+//! not waited for: it goes to the error file as `unknown`, never run again.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
