@@ -12,6 +12,7 @@
 
 pub mod driver;
 pub mod lines;
+mod output;
 
 use std::sync::Arc;
 
