@@ -13,8 +13,9 @@
 //!    on their own instead). Otherwise `in_progress`.
 //! 2. `in_progress`, first pass: the first line of each fingerprint
 //!    becomes a job (keyed by the batch and its `custom_id`: made once,
-//!    whoever makes it), at most `batch.concurrency` of the route in flight;
-//!    the executor runs it like any job. One identical to a line of an
+//!    whoever makes it), at most `batch.concurrency` of the route in flight
+//!    and `batch.rate` started a second; the executor runs it like any job
+//!    (after live jobs, in at most `batches.workers` of its slots). One identical to a line of an
 //!    earlier batch of the tenant is created already answered by it.
 //! 3. Second pass: every other line is created already answered by the
 //!    first line of its fingerprint (succeeded with its answer, or failed
@@ -662,6 +663,7 @@ impl Driver {
                             while in_flight.get(&p.route.name).copied().unwrap_or(0) >= limit {
                                 self.settle_next(&mut pending, &mut in_flight).await?;
                             }
+                            self.env.batches().pace(&p.route).await;
                             if self.stopping.is_some() {
                                 continue;
                             }

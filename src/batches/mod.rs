@@ -14,8 +14,11 @@ pub mod driver;
 pub mod lines;
 mod output;
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use dashmap::DashMap;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
 
@@ -76,6 +79,7 @@ pub fn endpoint_dialect(endpoint: &str) -> Option<Dialect> {
     match endpoint {
         "/v1/chat/completions" => Some(Dialect::Chat),
         "/v1/responses" => Some(Dialect::Responses),
+        "/v1/embeddings" => Some(Dialect::Embeddings),
         MESSAGES_ENDPOINT => Some(Dialect::Messages),
         _ => None,
     }
@@ -136,13 +140,17 @@ pub struct NewBatch {
     pub total: i64,
 }
 
-/// The batches of one gateway: the store, and the wake-up of this
-/// replica's drivers.
+/// The batches of one gateway: the store, the wake-up of this replica's
+/// drivers, and the rate of lines each route's batches start here.
 pub struct Batches {
     pub store: Arc<dyn Store>,
     /// Identifies this replica's drivers in claims.
     pub worker_id: String,
     wake: Notify,
+    /// Per route with a `batch.rate`: that rate and its limiter, shared by
+    /// the route's batches on this replica (made again when the rate
+    /// changes).
+    rates: DashMap<Arc<str>, (u32, Arc<DefaultDirectRateLimiter>)>,
 }
 
 impl Batches {
@@ -151,7 +159,32 @@ impl Batches {
             store,
             worker_id: format!("idem-batches-{}", uuid::Uuid::now_v7().simple()),
             wake: Notify::new(),
+            rates: DashMap::new(),
         }
+    }
+
+    /// Waits until a batch may start one more line on `route` (its
+    /// `batch.rate`, on this replica).
+    pub(crate) async fn pace(&self, route: &Route) {
+        let Some(rate) = route.config.batch.rate.and_then(NonZeroU32::new) else {
+            return;
+        };
+        let limiter = {
+            let mut entry = self.rates.entry(route.name.clone()).or_insert_with(|| {
+                (
+                    rate.get(),
+                    Arc::new(RateLimiter::direct(Quota::per_second(rate))),
+                )
+            });
+            if entry.0 != rate.get() {
+                *entry = (
+                    rate.get(),
+                    Arc::new(RateLimiter::direct(Quota::per_second(rate))),
+                );
+            }
+            entry.1.clone()
+        };
+        limiter.until_ready().await;
     }
 
     /// A driver of this replica looks for work now.
@@ -183,8 +216,8 @@ impl Batches {
             return Err(invalid(
                 "endpoint",
                 format!(
-                    "endpoint {:?} is not supported: batches run /v1/chat/completions or \
-                     /v1/responses",
+                    "endpoint {:?} is not supported: batches run /v1/chat/completions, \
+                     /v1/responses or /v1/embeddings",
                     new.endpoint
                 ),
             ));

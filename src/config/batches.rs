@@ -26,6 +26,10 @@ pub struct BatchesConfig {
     /// The batches one replica drives at once (none on a replica without
     /// job workers); the others wait their turn, or another replica's.
     pub drivers: u32,
+    /// The most of `jobs.workers` that batch lines hold at once on one
+    /// replica; the rest are kept for live jobs, which are also claimed
+    /// first. None: half of `jobs.workers` (at least 1).
+    pub workers: Option<usize>,
 }
 
 impl Default for BatchesConfig {
@@ -36,13 +40,19 @@ impl Default for BatchesConfig {
             max_lines: 50_000,
             max_active: 100,
             drivers: 2,
+            workers: None,
         }
     }
 }
 
 impl BatchesConfig {
+    /// How many of a replica's `jobs_workers` batch lines may hold.
+    pub fn line_workers(&self, jobs_workers: usize) -> usize {
+        self.workers.unwrap_or((jobs_workers / 2).max(1))
+    }
+
     /// The checks of `[batches]` that its types cannot express.
-    pub(super) fn validate(&self, source: &Source) -> Result<(), ConfigError> {
+    pub(super) fn validate(&self, jobs_workers: usize, source: &Source) -> Result<(), ConfigError> {
         if self.max_file_bytes == 0 || self.max_file_bytes > 1 << 40 {
             return Err(source.invalid("batches.max_file_bytes", "expected 1 byte to 1 TiB"));
         }
@@ -57,6 +67,14 @@ impl BatchesConfig {
         }
         if self.drivers == 0 || self.drivers > 64 {
             return Err(source.invalid("batches.drivers", "expected 1 to 64"));
+        }
+        if let Some(w) = self.workers
+            && (w == 0 || w > jobs_workers.max(1))
+        {
+            return Err(source.invalid(
+                "batches.workers",
+                format!("expected 1 to jobs.workers ({jobs_workers})"),
+            ));
         }
         Ok(())
     }

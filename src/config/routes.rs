@@ -370,6 +370,10 @@ pub struct RouteBatch {
     /// replica (each also takes one of `jobs.workers`): live traffic keeps
     /// the rest.
     pub concurrency: u32,
+    /// The most batch lines started per second on this route, per replica
+    /// (all its batches together; a burst of as many); none: no limit
+    /// but `concurrency`.
+    pub rate: Option<u32>,
     /// How long a batch line's answer answers the same line of a later
     /// batch of the tenant (instead of a call); zero: never.
     #[serde(with = "humantime_serde")]
@@ -380,6 +384,7 @@ impl Default for RouteBatch {
     fn default() -> Self {
         Self {
             concurrency: 8,
+            rate: None,
             reuse: Duration::from_secs(24 * 3600),
         }
     }
@@ -389,6 +394,11 @@ impl RouteBatch {
     fn validate(&self, at: &str, source: &Source) -> Result<(), ConfigError> {
         if self.concurrency == 0 || self.concurrency > 4096 {
             return Err(source.invalid(format!("{at}.concurrency"), "expected 1 to 4096"));
+        }
+        if self.rate.is_some_and(|r| r == 0 || r > 100_000) {
+            return Err(
+                source.invalid(format!("{at}.rate"), "expected 1 to 100,000 lines a second")
+            );
         }
         Ok(())
     }

@@ -21,6 +21,7 @@ use crate::answer::{Answer, Failure};
 use crate::dialect::{Dialect, Forwarded};
 use crate::fingerprint::Fingerprint;
 use crate::flight::Wire;
+use crate::outcome::Outcome;
 use crate::prices::Tokens;
 use crate::routes::{Route, Target};
 use crate::translate::{Prepared, Refusal, Sendable};
@@ -517,6 +518,53 @@ pub fn render(items: &[&Answer], encoding: Encoding, model: &str, sent_tokens: u
     Bytes::from(out)
 }
 
+/// A whole request's answer from its items' answers (each with how it
+/// was obtained), as its client gets it: the first failed item's answer,
+/// or the list ([`render`]) with `usage` counting the tokens of the items
+/// sent by this request's own call.
+pub fn whole(items: &[(Outcome, Arc<Answer>)], encoding: Encoding) -> Answer {
+    if let Some((_, failed)) = items.iter().find(|(_, a)| !a.is_success()) {
+        return (**failed).clone();
+    }
+    let answers: Vec<&Answer> = items.iter().map(|(_, a)| &**a).collect();
+    let sent_tokens = items
+        .iter()
+        .filter(|(o, _)| !o.saved_a_call())
+        .map(|(_, a)| tokens_of(a))
+        .sum();
+    let Some(first) = answers.first() else {
+        return Answer::from_failure(
+            Failure::BadAnswer,
+            "no item to embed",
+            Arc::from("idem"),
+            Arc::from(""),
+        );
+    };
+    let mut out = (*first).clone();
+    out.body = render(&answers, encoding, &first.model, sent_tokens);
+    out.rendered = Default::default();
+    out
+}
+
+/// A request's outcome from its items': `leader` if anything was sent (`bypass` if what was
+/// sent was not shared), else `follower` if an item waited for another
+/// request's call, else `negative-hit` if an item's failure came from the
+/// cache, else `cache-hit`.
+pub fn outcome_of(items: impl Iterator<Item = Outcome> + Clone) -> Outcome {
+    let any = |o: Outcome| items.clone().any(|i| i == o);
+    if any(Outcome::Leader) {
+        Outcome::Leader
+    } else if any(Outcome::Bypass) {
+        Outcome::Bypass
+    } else if any(Outcome::Follower) {
+        Outcome::Follower
+    } else if any(Outcome::NegativeHit) {
+        Outcome::NegativeHit
+    } else {
+        Outcome::CacheHit
+    }
+}
+
 /// An item's share of its call's tokens (0 for an answer that is none).
 pub fn tokens_of(answer: &Answer) -> u64 {
     ItemAnswer::read(&answer.body).map_or(0, |a| a.tokens)
@@ -525,6 +573,17 @@ pub fn tokens_of(answer: &Answer) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_is_a_leader_if_any_item_was_sent() {
+        use Outcome::*;
+        let of = |v: &[Outcome]| outcome_of(v.iter().copied());
+        assert_eq!(of(&[CacheHit, Leader, Follower]), Leader);
+        assert_eq!(of(&[CacheHit, Bypass]), Bypass);
+        assert_eq!(of(&[CacheHit, Follower]), Follower);
+        assert_eq!(of(&[CacheHit, NegativeHit]), NegativeHit);
+        assert_eq!(of(&[CacheHit, CacheHit]), CacheHit);
+    }
 
     fn body(v: Value) -> Map<String, Value> {
         match v {

@@ -211,6 +211,7 @@ pub fn plan_line(
     body: Map<String, Value>,
 ) -> Result<Planned, LineRefusal> {
     let req = match dialect {
+        Dialect::Embeddings => return plan_embeddings(app, tenant, body),
         Dialect::Responses => validate::responses_request(body, &app.limits),
         Dialect::Messages => validate::messages_request(body, false, &app.limits),
         _ => validate::chat_request(body, &app.limits),
@@ -240,16 +241,55 @@ pub fn plan_line(
             false,
         ));
     }
+    let request = std::sync::Arc::unwrap_or_clone(req.body);
+    routed(app, tenant, dialect, &req.model, None, request)
+}
+
+/// A line's embeddings request, checked as `POST /v1/embeddings` checks
+/// one; it is fingerprinted whole (without `encoding_format`), as the face
+/// fingerprints a request.
+fn plan_embeddings(
+    app: &Shared,
+    tenant: &str,
+    body: Map<String, Value>,
+) -> Result<Planned, LineRefusal> {
+    let req = crate::endpoints::embeddings::parse(body.clone()).map_err(|i| {
+        refusal(
+            &ApiError::bad_request(i.message, i.code, Some(i.param)),
+            false,
+        )
+    })?;
+    routed(
+        app,
+        tenant,
+        Dialect::Embeddings,
+        &req.model,
+        Some(&req.whole),
+        body,
+    )
+}
+
+/// A checked line routed for `tenant`: its route (a model no route serves
+/// for the endpoint fails the batch) and its fingerprint (of `whole`, or
+/// of the request itself).
+fn routed(
+    app: &Shared,
+    tenant: &str,
+    dialect: Dialect,
+    model: &str,
+    whole: Option<&Map<String, Value>>,
+    request: Map<String, Value>,
+) -> Result<Planned, LineRefusal> {
     let live = app.live.load();
-    let Some(route) = live.route(&req.model) else {
+    let Some(route) = live.route(model) else {
         return Err(refusal(
-            &super::openai::unknown_model(&live.routes, &req.model, dialect),
+            &super::openai::unknown_model(&live.routes, model, dialect),
             true,
         ));
     };
     if !route.serves(dialect) {
         return Err(refusal(
-            &super::openai::not_served(&req.model, dialect.as_str()),
+            &super::openai::not_served(model, dialect.as_str()),
             true,
         ));
     }
@@ -259,7 +299,6 @@ pub fn plan_line(
         headers: &forwarded,
         ..route.rules(tenant)
     };
-    let fp = fingerprint::fingerprint(&req.body, None, &rules);
-    let request = std::sync::Arc::unwrap_or_clone(req.body);
+    let fp = fingerprint::fingerprint(whole.unwrap_or(&request), None, &rules);
     Ok(Planned { route, fp, request })
 }

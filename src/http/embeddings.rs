@@ -202,35 +202,16 @@ impl Reply<'_> {
     /// The items' answers, or the first item's failure: an item that failed
     /// fails the request.
     fn answer(&self, items: &[(Outcome, Arc<Answer>)], encoding: Encoding) -> Response {
-        let outcome = batch_outcome(items.iter().map(|(o, _)| *o));
+        let outcome = wire::outcome_of(items.iter().map(|(o, _)| *o));
         let sent = items.iter().filter(|(o, _)| !o.saved_a_call()).count();
         let saved = items.len() - sent;
-        let mut resp = match items.iter().find(|(_, a)| !a.is_success()) {
-            Some((_, failed)) => {
-                let mut r = Response::new(Body::from(failed.body.clone()));
-                *r.status_mut() = failed.status;
-                if let Some(ra) = failed.retry_after {
-                    r.headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from(ra.as_secs()));
-                }
-                r
-            }
-            None => {
-                let answers: Vec<&Answer> = items.iter().map(|(_, a)| &**a).collect();
-                let model = answers.first().map_or("", |a| &*a.model);
-                let sent_tokens = items
-                    .iter()
-                    .filter(|(o, _)| !o.saved_a_call())
-                    .map(|(_, a)| wire::tokens_of(a))
-                    .sum();
-                Response::new(Body::from(wire::render(
-                    &answers,
-                    encoding,
-                    model,
-                    sent_tokens,
-                )))
-            }
-        };
+        let whole = wire::whole(items, encoding);
+        let mut resp = Response::new(Body::from(whole.body.clone()));
+        *resp.status_mut() = whole.status;
+        if let Some(ra) = whole.retry_after.filter(|_| !whole.is_success()) {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(ra.as_secs()));
+        }
         let h = resp.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
@@ -322,40 +303,5 @@ impl Reply<'_> {
             answered: None,
             trace: self.trace,
         });
-    }
-}
-
-/// A batch's outcome: `leader` if anything was sent (`bypass` if what was
-/// sent was not shared), else `follower` if an item waited for another
-/// request's call, else `negative-hit` if an item's failure came from the
-/// cache, else `cache-hit`.
-fn batch_outcome(items: impl Iterator<Item = Outcome> + Clone) -> Outcome {
-    let any = |o: Outcome| items.clone().any(|i| i == o);
-    if any(Outcome::Leader) {
-        Outcome::Leader
-    } else if any(Outcome::Bypass) {
-        Outcome::Bypass
-    } else if any(Outcome::Follower) {
-        Outcome::Follower
-    } else if any(Outcome::NegativeHit) {
-        Outcome::NegativeHit
-    } else {
-        Outcome::CacheHit
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_batch_is_a_leader_if_anything_was_sent() {
-        use Outcome::*;
-        let of = |v: &[Outcome]| batch_outcome(v.iter().copied());
-        assert_eq!(of(&[CacheHit, Leader, Follower]), Leader);
-        assert_eq!(of(&[CacheHit, Bypass]), Bypass);
-        assert_eq!(of(&[CacheHit, Follower]), Follower);
-        assert_eq!(of(&[CacheHit, NegativeHit]), NegativeHit);
-        assert_eq!(of(&[CacheHit, CacheHit]), CacheHit);
     }
 }

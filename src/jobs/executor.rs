@@ -12,6 +12,9 @@
 //! for those that arrive together (each still a compare-and-swap of its
 //! own). A job created on this replica wakes the dispatcher at once; jobs
 //! created elsewhere are found by a poll every `jobs.poll_interval`.
+//! Live jobs are claimed before batch lines, and batch lines hold at most
+//! `batches.workers` of the slots, so a batch never takes the workers of
+//! live jobs.
 //!
 //! The budget is `attempts.max` (plus one per manual retry) over the job's
 //! whole life: it counts the attempt rows in the store (hedges aside), so a
@@ -57,7 +60,7 @@ use crate::flight::{FlightError, RequestBody, Source};
 use crate::jobs::Env;
 use crate::routes::Route;
 use crate::store::{
-    AttemptRecord, AttemptResult, AttemptState, Backend, Completion, JobRecord, NewAttempt,
+    AttemptRecord, AttemptResult, AttemptState, Backend, Completion, JobRecord, NewAttempt, Room,
     StartAttempt, Store, StoreError, now_ms,
 };
 use crate::task::{AttemptRules, CachePolicy, Count, Finish, Task};
@@ -132,6 +135,11 @@ async fn dispatch(
     workers: usize,
 ) {
     let slots = Arc::new(Semaphore::new(workers));
+    // The slots batch lines may hold: the others are kept for live jobs
+    // (docs/design.md, "Batches").
+    let line_slots = Arc::new(Semaphore::new(
+        app.live().config.batches.line_workers(workers),
+    ));
     // SQLite has one writer: a second claim would only queue behind the
     // first (and the jobs being created) for it.
     let in_flight = match app.jobs().store.backend() {
@@ -178,6 +186,13 @@ async fn dispatch(
                 Err(_) => break,
             }
         }
+        let mut line_permits = Vec::new();
+        while line_permits.len() < permits.len() {
+            match line_slots.clone().try_acquire_owned() {
+                Ok(p) => line_permits.push(p),
+                Err(_) => break,
+            }
+        }
         let (app, tracker, completer, drained) = (
             app.clone(),
             tracker.clone(),
@@ -186,7 +201,7 @@ async fn dispatch(
         );
         tracker.clone().spawn(async move {
             let asked = permits.len();
-            let claimed = match claim(&app, asked).await {
+            let claimed = match claim(&app, asked, line_permits.len()).await {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot claim jobs");
@@ -197,8 +212,13 @@ async fn dispatch(
             // as a slot is free.
             drained.store(claimed.len() < asked, Ordering::Release);
             for (job, permit) in claimed.into_iter().zip(permits) {
+                let line = if job.job.batch_id.is_some() {
+                    line_permits.pop()
+                } else {
+                    None
+                };
                 let (app, completer) = (app.clone(), completer.clone());
-                tracker.spawn(run_job_in(app, job, completer, Slot::new(permit)));
+                tracker.spawn(run_job_in(app, job, completer, Slot::new(permit, line)));
             }
             drop(turn);
         });
@@ -215,13 +235,16 @@ async fn run_job_in(app: Env, job: Claimed, completer: Completer, slot: Slot) {
 /// handed to the writer of completions: from there on the run makes no
 /// provider call (the answer completes the job, loses to another, or,
 /// when the store fails, holds it), and the next job need not wait for
-/// the database's commit.
+/// the database's commit. A batch line's slot also holds one of the
+/// slots kept for lines.
 #[derive(Clone)]
-struct Slot(Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>);
+struct Slot(Arc<std::sync::Mutex<Option<Permits>>>);
+
+type Permits = (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>);
 
 impl Slot {
-    fn new(permit: OwnedSemaphorePermit) -> Slot {
-        Slot(Arc::new(std::sync::Mutex::new(Some(permit))))
+    fn new(permit: OwnedSemaphorePermit, line: Option<OwnedSemaphorePermit>) -> Slot {
+        Slot(Arc::new(std::sync::Mutex::new(Some((permit, line)))))
     }
 
     /// Gives the slot back (once; later calls do nothing).
@@ -280,14 +303,17 @@ struct Claimed {
     first: Option<(AttemptRecord, usize)>,
 }
 
-/// Claims up to `limit` queued jobs and starts the first attempt of each
-/// that may make one, in one transaction for the batch: the choice its
+/// Claims up to `limit` queued jobs (live ones first, at most `lines`
+/// batch lines) and starts the first attempt of each that may make one, in one transaction for the batch: the choice its
 /// run would make (budget, then the target walk).
-async fn claim(app: &Env, limit: usize) -> Result<Vec<Claimed>, StoreError> {
+async fn claim(app: &Env, limit: usize, lines: usize) -> Result<Vec<Claimed>, StoreError> {
     let cfg = &app.live().config.jobs;
     let (store, worker) = (&app.jobs().store, &app.jobs().worker_id);
     let now = now_ms();
-    let limit = u32::try_from(limit).unwrap_or(u32::MAX);
+    let room = Room {
+        jobs: u32::try_from(limit).unwrap_or(u32::MAX),
+        lines: u32::try_from(lines).unwrap_or(u32::MAX),
+    };
     let mut prepared: HashMap<String, (Result<Prepared, String>, Option<usize>)> = HashMap::new();
     let mut choose = |job: &JobRecord, earlier: &[AttemptRecord]| {
         let p = prepare(app, job);
@@ -318,7 +344,7 @@ async fn claim(app: &Env, limit: usize) -> Result<Vec<Claimed>, StoreError> {
             now,
             now + ms(cfg.claim_lease),
             now + ms(cfg.attempt_lease),
-            limit,
+            room,
             &mut choose,
         )
         .await?;
@@ -761,31 +787,45 @@ impl AttemptCtx {
         };
         let core = app.core();
         let work = async {
-            let mut delivery = core.attempt(&task, target, rules).await?;
-            // `running`: the provider answered with headers and the body is
-            // still coming. An answer that arrives whole goes straight from
-            // `starting` to its end, one write fewer.
-            if let Source::Live(flight) = &delivery.source
-                && flight.head(None).await.is_some()
-                && !flight.is_done()
-            {
-                let _ = app.jobs().store.attempt_running(&a.job_id, a.n).await;
-            }
-            let mut answer = delivery.answer().await;
-            // The attempt row names its target: an answer another target
-            // produced (a chat flight this attempt followed was served from
-            // the route's cache) is not this attempt's. Ask again, without
-            // the cache; the flight it followed has ended.
-            if answer.is_success()
-                && (answer.provider != target.provider.name || answer.model != target.model)
-            {
-                let fresh = AttemptRules {
-                    read_cache: false,
-                    ..rules
+            let (outcome, answer) = if self.dialect == Dialect::Embeddings {
+                let e = super::items::Embed {
+                    tenant: &self.tenant,
+                    route: &self.route,
+                    request: &self.request,
+                    trace: trace.as_ref(),
+                    payer: self.payer.as_ref(),
                 };
-                delivery = core.attempt(&task, target, fresh).await?;
-                answer = delivery.answer().await;
-            }
+                let (outcome, answer) = super::items::attempt(core, e, target, rules).await?;
+                (outcome, Arc::new(answer))
+            } else {
+                let mut delivery = core.attempt(&task, target, rules).await?;
+                // `running`: the provider answered with headers and the
+                // body is still coming. An answer that arrives whole goes
+                // straight from `starting` to its end, one write fewer.
+                if let Source::Live(flight) = &delivery.source
+                    && flight.head(None).await.is_some()
+                    && !flight.is_done()
+                {
+                    let _ = app.jobs().store.attempt_running(&a.job_id, a.n).await;
+                }
+                let mut answer = delivery.answer().await;
+                // The attempt row names its target: an answer another
+                // target produced (a chat flight this attempt followed was
+                // served from the route's cache) is not this attempt's.
+                // Ask again, without the cache; the flight it followed has
+                // ended.
+                if answer.is_success()
+                    && (answer.provider != target.provider.name || answer.model != target.model)
+                {
+                    let fresh = AttemptRules {
+                        read_cache: false,
+                        ..rules
+                    };
+                    delivery = core.attempt(&task, target, fresh).await?;
+                    answer = delivery.answer().await;
+                }
+                (delivery.outcome, answer)
+            };
             // A job is one incoming request, however it was created: its
             // first attempt counts it, with how its answer was obtained
             // (its own call, another's flight, the cache). Retries and
@@ -794,7 +834,7 @@ impl AttemptCtx {
                 core.finish(Finish {
                     tenant: Some(&self.tenant),
                     route: Some(&self.route.name),
-                    count: Some(Count::Answered(delivery.outcome)),
+                    count: Some(Count::Answered(outcome)),
                     line: None,
                     priced: Some(&self.route),
                     answered: Some(&answer),

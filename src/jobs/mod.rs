@@ -10,6 +10,7 @@
 //! and map [`JobError`] to their wire format.
 
 pub mod executor;
+mod items;
 pub mod reconciler;
 
 use std::sync::Arc;

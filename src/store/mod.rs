@@ -308,6 +308,14 @@ pub struct NewAttempt {
     pub model: String,
 }
 
+/// How many jobs [`Store::claim_and_start`] may claim: at most `jobs`, of
+/// which at most `lines` batch lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    pub jobs: u32,
+    pub lines: u32,
+}
+
 /// What [`Store::claim_and_start`] is told, per claimed job (with its
 /// earlier attempts, by number): the target of the attempt to start, if
 /// any. Called once per job, in the order the claim returns them.
@@ -461,8 +469,10 @@ pub trait Store: FileStore + BatchStore + Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<JobRecord>>;
 
-    /// Claims up to `limit` queued jobs whose `not_before <= now`, oldest
-    /// first: they become `running`, claimed by `worker` until
+    /// Claims up to `room.jobs` queued jobs whose `not_before <= now`, live
+    /// jobs first and then at most `room.lines` batch lines, each kind oldest
+    /// first (docs/design.md, "Batches": the lines never take the workers
+    /// kept for live jobs): they become `running`, claimed by `worker` until
     /// `claim_until`, version + 1. Concurrent claimers never get the same
     /// job (`FOR UPDATE SKIP LOCKED` on PostgreSQL). In the same
     /// transaction, it reads each job's attempts and starts the first
@@ -476,7 +486,7 @@ pub trait Store: FileStore + BatchStore + Send + Sync + 'static {
         now: i64,
         claim_until: i64,
         lease_until: i64,
-        limit: u32,
+        room: Room,
         choose: Chooser<'_>,
     ) -> Result<Vec<ClaimedJob>>;
 

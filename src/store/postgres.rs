@@ -92,13 +92,27 @@ impl Dialect for PgStore {
     // SKIP LOCKED: concurrent claimers each lock different rows instead
     // of queueing behind one another; a row claimed and committed by
     // another worker meanwhile fails the re-checked `state = 'queued'`.
+    // Live jobs first, then batch lines up to their own limit; the lines
+    // locked and not taken are free again at the commit.
     const CLAIM: &'static str =
-        "WITH picked AS (
-             SELECT id FROM jobs
-             WHERE state = 'queued' AND not_before <= $2
+        "WITH live AS (
+             SELECT id, created_at FROM jobs
+             WHERE state = 'queued' AND not_before <= $2 AND batch_id IS NULL
              ORDER BY created_at, id
              LIMIT $4
-             FOR UPDATE SKIP LOCKED)
+             FOR UPDATE SKIP LOCKED),
+         lines AS (
+             SELECT id, created_at FROM jobs
+             WHERE state = 'queued' AND not_before <= $2 AND batch_id IS NOT NULL
+             ORDER BY created_at, id
+             LIMIT $5
+             FOR UPDATE SKIP LOCKED),
+         picked AS (
+             SELECT id FROM (SELECT id, 0 AS kind, created_at FROM live
+                             UNION ALL
+                             SELECT id, 1 AS kind, created_at FROM lines) AS due
+             ORDER BY kind, created_at, id
+             LIMIT $4)
          UPDATE jobs
          SET state = 'running', claimed_by = $1, claim_until = $3, version = jobs.version + 1, updated_at = $2
          FROM picked

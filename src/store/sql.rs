@@ -37,7 +37,7 @@ use super::rows::{self, AttemptRow, BudgetRow, CertificationRow, JobRow, KeyRow}
 use super::{
     AttemptRecord, AttemptResult, AttemptState, AuditEntry, Backend, BudgetRecord, Certification,
     Chooser, ClaimedJob, Completion, Created, Cursor, JobRecord, JobState, KeyChange, KeyRecord,
-    NewJob, Result, Settlement, StartAttempt, Store, StoreError, StoredResponse, period_ms,
+    NewJob, Result, Room, Settlement, StartAttempt, Store, StoreError, StoredResponse, period_ms,
 };
 
 /// What one database does differently; everything else is shared.
@@ -51,7 +51,8 @@ pub(super) trait Dialect: Send + Sync + 'static {
     const LOCK_JOB: &'static str;
 
     /// The claim of [`Store::claim_and_start`] in one statement: up to `$4` queued jobs whose
-    /// `not_before <= $2`, oldest first, become `running`, claimed by `$1`
+    /// `not_before <= $2`, those of no batch first and then at most `$5`
+    /// batch lines, each kind oldest first, become `running`, claimed by `$1`
     /// until `$3`, version + 1, updated at `$2`; `RETURNING` them (in any
     /// order). No two claimers may pick the same job.
     const CLAIM: &'static str;
@@ -463,7 +464,7 @@ where
         now: i64,
         claim_until: i64,
         lease_until: i64,
-        limit: u32,
+        room: Room,
         choose: Chooser<'_>,
     ) -> Result<Vec<ClaimedJob>> {
         let mut tx = self.begin_write().await?;
@@ -474,7 +475,8 @@ where
             .bind(worker)
             .bind(now)
             .bind(claim_until)
-            .bind(i64::from(limit))
+            .bind(i64::from(room.jobs))
+            .bind(i64::from(room.lines.min(room.jobs)))
             .fetch_all(&mut *tx)
             .await?;
         let mut jobs = rows::jobs(rows)?;

@@ -188,12 +188,21 @@ impl Dialect for SqliteStore {
 
     // One statement: it holds the write lock from the selection to the
     // update, so no other claimer can pick the same rows.
+    // Live jobs first, then batch lines up to their own limit.
     const CLAIM: &'static str =
         "UPDATE jobs
          SET state = 'running', claimed_by = $1, claim_until = $3, version = version + 1, updated_at = $2
-         WHERE id IN (SELECT id FROM jobs
-                      WHERE state = 'queued' AND not_before <= $2
-                      ORDER BY created_at, id
+         WHERE id IN (SELECT id FROM (
+                          SELECT id, 0 AS kind, created_at FROM (
+                              SELECT id, created_at FROM jobs
+                              WHERE state = 'queued' AND not_before <= $2 AND batch_id IS NULL
+                              ORDER BY created_at, id LIMIT $4)
+                          UNION ALL
+                          SELECT id, 1 AS kind, created_at FROM (
+                              SELECT id, created_at FROM jobs
+                              WHERE state = 'queued' AND not_before <= $2 AND batch_id IS NOT NULL
+                              ORDER BY created_at, id LIMIT $5))
+                      ORDER BY kind, created_at, id
                       LIMIT $4)
          RETURNING *";
 

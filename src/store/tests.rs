@@ -21,7 +21,7 @@ use super::sqlite::SqliteStore;
 use super::{
     AttemptRecord, AttemptResult, AttemptState, AuditEntry, Backend, BudgetRecord, Certification,
     ClaimedJob, Completion, Created, Cursor, JobRecord, JobState, KeyChange, KeyRecord, NewAttempt,
-    NewJob, Settlement, StartAttempt, Store, StoredResponse,
+    NewJob, Room, Settlement, StartAttempt, Store, StoredResponse,
 };
 
 // ---------------------------------------------------------------------------
@@ -288,7 +288,17 @@ async fn attempt(s: &dyn Store, job_id: &str, n: i32) -> AttemptRecord {
 /// starting no attempt.
 async fn claim(s: &dyn Store, worker: &str, now: i64, until: i64, limit: u32) -> Vec<JobRecord> {
     let claimed = s
-        .claim_and_start(worker, now, until, until, limit, &mut |_, _| None)
+        .claim_and_start(
+            worker,
+            now,
+            until,
+            until,
+            Room {
+                jobs: limit,
+                lines: limit,
+            },
+            &mut |_, _| None,
+        )
         .await
         .unwrap();
     claimed
@@ -846,7 +856,10 @@ async fn claim_concurrent_exactly_once(s: Arc<dyn Store>) {
                             T0 + JOBS,
                             T0 + 99_999,
                             T0 + 60_000,
-                            10,
+                            Room {
+                                jobs: 10,
+                                lines: 10,
+                            },
                             &mut |_, _| Some(target()),
                         )
                         .await
@@ -1512,7 +1525,7 @@ async fn claim_and_start_starts_where_chosen_and_allowed(s: Arc<dyn Store>) {
             T0 + 10,
             T0 + 30_000,
             T0 + 60_000,
-            4,
+            Room { jobs: 4, lines: 4 },
             &mut |job, earlier| {
                 seen.push((job.id.clone(), earlier.iter().map(|a| a.n).collect()));
                 (job.id != skipped.id).then(target)
@@ -1572,9 +1585,14 @@ async fn claim_and_start_starts_where_chosen_and_allowed(s: Arc<dyn Store>) {
     assert_eq!(s.attempts(&busy.id).await.unwrap(), vec![running]);
     // What is left: the last job, once; then nothing.
     let rest = s
-        .claim_and_start("w1", T0 + 10, T0 + 30_000, T0 + 60_000, 4, &mut |_, _| {
-            Some(target())
-        })
+        .claim_and_start(
+            "w1",
+            T0 + 10,
+            T0 + 30_000,
+            T0 + 60_000,
+            Room { jobs: 4, lines: 4 },
+            &mut |_, _| Some(target()),
+        )
         .await
         .unwrap();
     assert_eq!(ids(&rest), vec![last.id.clone()]);

@@ -65,6 +65,7 @@ impl Default for CachePolicy {
 }
 
 /// What one request wants done, whatever its endpoint.
+#[derive(Clone, Copy)]
 pub struct Task<'a> {
     pub tenant: &'a Arc<str>,
     pub route: &'a Arc<Route>,
@@ -280,17 +281,22 @@ impl Core {
         target: &Target,
         rules: AttemptRules,
     ) -> Result<Delivery, FlightError> {
-        let cfg = &task.route.config;
-        let ask = Ask {
-            read_cache: cfg.cache.enabled && rules.read_cache,
-            read_negative: false,
-            write_cache: true,
-            coalesce: cfg.coalesce.enabled && rules.share,
-            pinned: true,
-            late: Some(rules.late),
-            ..task.ask()
-        };
-        self.coalescer.via_target(&ask, target).await
+        self.coalescer
+            .via_target(&attempt_ask(task, rules), target)
+            .await
+    }
+
+    /// One job attempt of an embeddings request on the target it names:
+    /// [`Core::attempt`] for its items together (those it leads share one
+    /// call), the results in the items' order.
+    pub async fn attempt_items(
+        &self,
+        tasks: &[Task<'_>],
+        target: &Target,
+        rules: AttemptRules,
+    ) -> Vec<Result<Delivery, FlightError>> {
+        let asks: Vec<Ask<'_>> = tasks.iter().map(|t| attempt_ask(t, rules)).collect();
+        self.coalescer.via_target_batch(&asks, target).await
     }
 
     /// Counts a request and writes its request-log line: the one place
@@ -652,4 +658,18 @@ pub struct Line<'a> {
     pub answer_of_job: Option<Arc<Answer>>,
     /// Token counts, when the answer's own do not say them.
     pub usage: Option<(u64, u64)>,
+}
+
+/// A job attempt's ask: its own rules replace the client's.
+fn attempt_ask<'a>(task: &'a Task<'_>, rules: AttemptRules) -> Ask<'a> {
+    let cfg = &task.route.config;
+    Ask {
+        read_cache: cfg.cache.enabled && rules.read_cache,
+        read_negative: false,
+        write_cache: true,
+        coalesce: cfg.coalesce.enabled && rules.share,
+        pinned: true,
+        late: Some(rules.late),
+        ..task.ask()
+    }
 }

@@ -3,7 +3,8 @@
 //! distinct line (within a batch and across a tenant's batches), a batch
 //! created again with its Idempotency-Key is the same batch, validation
 //! fails a batch with OpenAI's errors, a cancel lets the lines in flight
-//! finish and runs no other, another tenant sees nothing, and a batch
+//! finish and runs no other, lines leave live jobs their workers and keep
+//! their route's rate, another tenant sees nothing, and a batch
 //! whose process was SIGKILLed resumes after a restart, no line called
 //! twice.
 
@@ -258,7 +259,7 @@ async fn a_batch_with_bad_lines_fails_validation_and_a_bad_body_is_its_lines_err
     );
     assert_eq!(app.calls(), 0);
     // Endpoints a batch does not run: refused at creation.
-    for endpoint in ["/v1/embeddings", "/v1/messages", "/v1/completions"] {
+    for endpoint in ["/v1/messages", "/v1/completions", "/v1/audio/transcriptions"] {
         let r = app
             .post_json(
                 ACME,
@@ -338,6 +339,208 @@ async fn a_cancel_lets_the_lines_in_flight_finish_and_runs_no_other() {
             .iter()
             .all(|e| e["error"]["code"] == "batch_cancelled"),
         "{errors:?}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_embeddings_batch_sends_each_item_once_and_answers_live_requests_from_its_cache() {
+    let app = TestApp::with(Spec {
+        // One line at a time: an item a later line repeats is in the
+        // result cache by then.
+        route: "endpoints = [\"chat\", \"embeddings\"]\nbatch = { concurrency = 1 }".into(),
+        ..Spec::default()
+    })
+    .await;
+    let embed_line = |id: &str, input: Value| {
+        json!({
+            "custom_id": id,
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "bot", "input": input},
+        })
+        .to_string()
+    };
+    let inputs = [
+        json!(["alpha", "beta"]),
+        json!("gamma"),
+        json!(["alpha", "beta"]),
+        json!(["beta", "delta"]),
+    ];
+    let lines: Vec<String> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| embed_line(&format!("e-{i}"), input.clone()))
+        .collect();
+    let file = input(&app, ACME, &lines).await;
+    let resp = app
+        .post_json(
+            ACME,
+            "/v1/batches",
+            &json!({"input_file_id": file, "endpoint": "/v1/embeddings", "completion_window": "24h"}),
+            &[],
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let b = until_status(&app, ACME, &id, &["completed", "failed"]).await;
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 4, "completed": 4, "failed": 0}),
+        "{b}"
+    );
+    assert_eq!(b["idem"]["deduplicated"], 1, "e-2 repeats e-0: {b}");
+    // alpha, beta, gamma, delta: each item sent once (e-3's beta is e-0's).
+    assert_eq!(app.mock.stats().embedding_items, 4);
+    let out = file_lines(&app, ACME, b["output_file_id"].as_str().unwrap()).await;
+    let by_id: HashMap<String, Value> = out
+        .iter()
+        .map(|l| {
+            assert_eq!(l["response"]["status_code"], 200, "{l}");
+            (
+                l["custom_id"].as_str().unwrap().to_owned(),
+                l["response"]["body"].clone(),
+            )
+        })
+        .collect();
+    for (i, input) in inputs.iter().enumerate() {
+        let body = &by_id[&format!("e-{i}")];
+        assert_eq!(body["object"], "list", "{body}");
+        let items: Vec<Value> = match input {
+            Value::Array(xs) => xs.clone(),
+            one => vec![one.clone()],
+        };
+        crate::embeddings::assert_vectors(body, &items, 8);
+    }
+    // A live request for an item a line sent: answered from the cache.
+    let live =
+        crate::embeddings::embed(&app, ACME, &json!({"model": "bot", "input": "gamma"})).await;
+    assert_eq!((live.status, live.outcome.as_str()), (200, "cache-hit"));
+    assert_eq!(app.mock.stats().embedding_items, 4);
+    app.stop().await;
+}
+
+/// The `q`-quantile of `ms`, sorted in place.
+fn quantile(ms: &mut [f64], q: f64) -> f64 {
+    ms.sort_by(f64::total_cmp);
+    let i = ((ms.len() as f64 - 1.0) * q).round() as usize;
+    ms[i]
+}
+
+/// `n` live chats, one after another, each a prompt of its own: their
+/// latencies in milliseconds.
+async fn live_chats(app: &TestApp, tag: &str, n: usize) -> Vec<f64> {
+    let mut ms = Vec::with_capacity(n);
+    for i in 0..n {
+        let started = std::time::Instant::now();
+        let r = app.chat(ACME, &chat_body(&format!("{tag}-{i}"))).await;
+        assert_eq!(r.status(), 200);
+        ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    ms
+}
+
+fn chat_body(prompt: &str) -> Value {
+    json!({"model": "bot", "messages": [{"role": "user", "content": prompt}]})
+}
+
+#[tokio::test]
+async fn a_batch_leaves_live_jobs_their_workers_and_live_chats_go_by() {
+    let app = TestApp::with(Spec {
+        jobs: "reconcile_interval = \"200ms\"\npoll_interval = \"200ms\"\nworkers = 4\n".into(),
+        extra: "[batches]\nworkers = 2\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let mut before = live_chats(&app, "before", 50).await;
+
+    // Every call is held from here: six lines, the route's concurrency (8)
+    // would start them all, but lines hold at most two of the four workers.
+    app.mock.set_behaviour(Behaviour {
+        hold: true,
+        ..Behaviour::default()
+    });
+    let lines: Vec<String> = (0..6)
+        .map(|i| line(&format!("w-{i}"), &format!("w{i}")))
+        .collect();
+    let file = input(&app, ACME, &lines).await;
+    let id = created(&app, ACME, &file).await;
+    held(&app.mock, 2).await;
+    // A live job, created after the four waiting lines, is claimed before
+    // them into a worker kept for it: it is the third call held.
+    let live_job = {
+        let (client, url) = (app.client.clone(), app.url("/v1/chat/completions"));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .bearer_auth(ACME)
+                .header("Idempotency-Key", "live-1")
+                .json(&chat_body("live job"))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    held(&app.mock, 3).await;
+    let held_prompts: Vec<String> = app.mock.calls().into_iter().map(|c| c.prompt).collect();
+    assert!(
+        held_prompts.iter().any(|p| p == "live job"),
+        "the live job was not called while the batch waited: {held_prompts:?}"
+    );
+    assert_eq!(
+        held_prompts.iter().filter(|p| p.starts_with('w')).count(),
+        2,
+        "batch lines hold at most batches.workers: {held_prompts:?}"
+    );
+
+    // Live chats while the batch holds its workers (new calls answer).
+    app.mock.set_behaviour(Behaviour::default());
+    let mut during = live_chats(&app, "during", 50).await;
+    let (p99_before, p99_during) = (quantile(&mut before, 0.99), quantile(&mut during, 0.99));
+    eprintln!(
+        "live chats p99: {p99_before:.2} ms before the batch, {p99_during:.2} ms while it runs \
+         (added {:+.2} ms)",
+        p99_during - p99_before
+    );
+    let (_, b) = app.get_json(ACME, &format!("/v1/batches/{id}")).await;
+    assert_eq!(b["status"], "in_progress", "the batch ran meanwhile: {b}");
+
+    release(&app.mock, None).await;
+    assert_eq!(live_job.await.unwrap().status(), 200);
+    let b = until_status(&app, ACME, &id, &["completed", "failed"]).await;
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 6, "completed": 6, "failed": 0})
+    );
+    assert_eq!(app.calls(), 50 + 50 + 6 + 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_routes_batch_rate_spaces_its_lines() {
+    let app = TestApp::with(Spec {
+        route: "batch = { concurrency = 16, rate = 5 }".into(),
+        ..Spec::default()
+    })
+    .await;
+    let lines: Vec<String> = (0..10)
+        .map(|i| line(&format!("r-{i}"), &format!("r{i}")))
+        .collect();
+    let file = input(&app, ACME, &lines).await;
+    let id = created(&app, ACME, &file).await;
+    let b = until_status(&app, ACME, &id, &["completed", "failed"]).await;
+    assert_eq!(b["request_counts"]["completed"], 10, "{b}");
+    // Five at once (the burst), then one every 200 ms: the last call
+    // comes at least a second after the first.
+    let at: Vec<i64> = app.mock.calls().iter().map(|c| c.at_ms).collect();
+    assert_eq!(at.len(), 10);
+    let spread = at.iter().max().unwrap() - at.iter().min().unwrap();
+    assert!(
+        spread >= 900,
+        "10 lines at 5 a second came within {spread} ms"
     );
     app.stop().await;
 }

@@ -29,12 +29,12 @@ fn held_spec() -> Spec {
 }
 
 /// An answer: status, `Idem-*` headers that matter here, body.
-struct Embedded {
-    status: u16,
-    outcome: String,
+pub struct Embedded {
+    pub status: u16,
+    pub outcome: String,
     sent: Option<u64>,
     saved: Option<u64>,
-    body: Value,
+    pub body: Value,
 }
 
 async fn embed_at(
@@ -72,7 +72,7 @@ async fn embed_at(
     }
 }
 
-async fn embed(app: &TestApp, key: &str, body: &Value) -> Embedded {
+pub async fn embed(app: &TestApp, key: &str, body: &Value) -> Embedded {
     embed_at(&app.client, &app.base, key, body, &[]).await
 }
 
@@ -96,7 +96,7 @@ fn floats(v: &Value) -> Vec<f32> {
 }
 
 /// Every vector is its own item's (by the mock's derivation), in order.
-fn assert_vectors(body: &Value, inputs: &[Value], dimensions: usize) {
+pub fn assert_vectors(body: &Value, inputs: &[Value], dimensions: usize) {
     let data = body["data"].as_array().unwrap_or_else(|| panic!("{body}"));
     assert_eq!(data.len(), inputs.len(), "{body}");
     for (i, (d, item)) in data.iter().zip(inputs).enumerate() {

@@ -1,15 +1,16 @@
 //! Batches in the store, on both backends: one batch per tenant's key
 //! however many create it at once, a claim that one driver at a time
 //! holds and that lapses, a status that moves only from the status its
-//! driver read (a cancel is never overwritten), and lines answered without
-//! a call found and created already ended.
+//! driver read (a cancel is never overwritten), lines answered without
+//! a call found and created already ended, and a claim that takes live
+//! jobs before batch lines and no more lines than it is allowed.
 
 use std::sync::Arc;
 
 use tokio::sync::Barrier;
 
 use super::super::{
-    BatchCounts, BatchCreated, BatchRecord, BatchStatus, Created, JobState, NewJob, Store,
+    BatchCounts, BatchCreated, BatchRecord, BatchStatus, Created, JobState, NewJob, Room, Store,
 };
 use super::{Backend, T0, create, new_job, run};
 
@@ -372,6 +373,7 @@ store_tests!(
     batch_cancel_is_never_overwritten,
     batch_lines_answered_by_earlier_ones,
     batch_lines_start_only_while_in_progress,
+    claim_takes_live_jobs_first_and_lines_up_to_their_limit,
 );
 
 async fn batch_lines_start_only_while_in_progress(s: Arc<dyn Store>) {
@@ -399,4 +401,67 @@ async fn batch_lines_start_only_while_in_progress(s: Arc<dyn Store>) {
     let second = line("t1", "batch_z/b", "batch_z", "fp-b", T0);
     assert_eq!(s.create_line(&second).await.unwrap(), None);
     assert!(s.job_by_key("t1", "batch_z/b").await.unwrap().is_none());
+}
+
+async fn claim_takes_live_jobs_first_and_lines_up_to_their_limit(s: Arc<dyn Store>) {
+    let mut lines = Vec::new();
+    for i in 0..3 {
+        let key = format!("b1/{i}");
+        let fp = format!("fp-{i}");
+        match s
+            .create_job(&line("t1", &key, "batch_1", &fp, T0 + i))
+            .await
+            .unwrap()
+        {
+            Created::New(j) => lines.push(j.id),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Live jobs created after the lines.
+    let live_a = create(&*s, "t1", "live-a", T0 + 10).await;
+    let live_b = create(&*s, "t2", "live-b", T0 + 11).await;
+    let claim = |limit: u32, allowed: u32| {
+        let s = s.clone();
+        async move {
+            let mut ids = s
+                .claim_and_start(
+                    "w",
+                    T0 + 20,
+                    T0 + 30_000,
+                    T0 + 60_000,
+                    Room {
+                        jobs: limit,
+                        lines: allowed,
+                    },
+                    &mut |_, _| None,
+                )
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|c| c.job.id)
+                .collect::<Vec<_>>();
+            // They come back oldest first; which were taken is the point.
+            ids.sort();
+            ids
+        }
+    };
+    let sorted = |mut ids: Vec<String>| {
+        ids.sort();
+        ids
+    };
+    // Three workers free, one of them for lines: the live jobs first
+    // (though newer), then the oldest line.
+    assert_eq!(
+        claim(3, 1).await,
+        sorted(vec![live_a.id.clone(), live_b.id.clone(), lines[0].clone()])
+    );
+    // No worker for lines: nothing, though two lines wait.
+    assert!(claim(5, 0).await.is_empty());
+    // A live job queued now goes before the waiting lines.
+    let live_c = create(&*s, "t1", "live-c", T0 + 12).await;
+    assert_eq!(claim(1, 1).await, vec![live_c.id.clone()]);
+    assert_eq!(
+        claim(5, 5).await,
+        sorted(vec![lines[1].clone(), lines[2].clone()])
+    );
 }
