@@ -61,9 +61,13 @@ impl App {
         } else {
             None
         };
-        let store = crate::store::connect(url, config.storage.max_connections)
-            .await
-            .with_context(|| format!("cannot open storage {}", redact(url)))?;
+        let store = crate::store::connect_with(
+            url,
+            config.storage.max_connections,
+            config.batches.files_dir.as_deref(),
+        )
+        .await
+        .with_context(|| format!("cannot open storage {}", redact(url)))?;
         let metrics = Arc::new(Metrics::new(&config));
         let live = Live::build(config.clone(), &metrics, None)?;
         if let Err(e) = crate::certification::registry::refresh(&*store, &live.routes).await {

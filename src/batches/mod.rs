@@ -56,6 +56,8 @@ pub enum BatchError {
     TooMany { limit: u32 },
     #[error("a batch that is {status} cannot be cancelled")]
     NotCancellable { status: &'static str },
+    #[error("batch {id} has not ended ({status}): cancel it and wait for it to end first")]
+    NotDeletable { id: String, status: &'static str },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -185,6 +187,33 @@ impl Batches {
             entry.1.clone()
         };
         limiter.until_ready().await;
+    }
+
+    /// Deletes the tenant's ended batch `id` with its files (the input
+    /// too when the batch made it: a Message Batch's). Its lines' jobs
+    /// stay, as jobs do, until the reconciler's purge.
+    pub async fn delete(&self, tenant: &str, id: &str) -> Result<BatchRecord, BatchError> {
+        let Some(b) = self.store.delete_batch(tenant, id).await? else {
+            return match self.store.batch(Some(tenant), id).await? {
+                Some(b) => Err(BatchError::NotDeletable {
+                    id: b.id,
+                    status: b.status.as_str(),
+                }),
+                None => Err(BatchError::NotFound),
+            };
+        };
+        let made = (b.endpoint == MESSAGES_ENDPOINT).then_some(&b.input_file_id);
+        for file in made
+            .into_iter()
+            .chain(b.output_file_id.as_ref())
+            .chain(b.error_file_id.as_ref())
+        {
+            // A file left behind expires with its retention.
+            if let Err(e) = self.store.delete_file(tenant, file).await {
+                tracing::warn!(batch = %b.id, file = %file, error = %e, "cannot delete a deleted batch's file");
+            }
+        }
+        Ok(b)
     }
 
     /// A driver of this replica looks for work now.

@@ -30,6 +30,10 @@ pub struct BatchesConfig {
     /// replica; the rest are kept for live jobs, which are also claimed
     /// first. None: half of `jobs.workers` (at least 1).
     pub workers: Option<usize>,
+    /// A directory for the files' contents instead of the database (the
+    /// embedded default's SQLite only): one subdirectory per file, made
+    /// if missing. None: in the database.
+    pub files_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for BatchesConfig {
@@ -41,6 +45,7 @@ impl Default for BatchesConfig {
             max_active: 100,
             drivers: 2,
             workers: None,
+            files_dir: None,
         }
     }
 }
@@ -52,7 +57,19 @@ impl BatchesConfig {
     }
 
     /// The checks of `[batches]` that its types cannot express.
-    pub(super) fn validate(&self, jobs_workers: usize, source: &Source) -> Result<(), ConfigError> {
+    pub(super) fn validate(
+        &self,
+        jobs_workers: usize,
+        storage_url: &str,
+        source: &Source,
+    ) -> Result<(), ConfigError> {
+        if self.files_dir.is_some() && !storage_url.starts_with("sqlite:") {
+            return Err(source.invalid(
+                "batches.files_dir",
+                "a directory is one machine's: with PostgreSQL, whose replicas share the store, \
+                 files stay in the database",
+            ));
+        }
         if self.max_file_bytes == 0 || self.max_file_bytes > 1 << 40 {
             return Err(source.invalid("batches.max_file_bytes", "expected 1 byte to 1 TiB"));
         }

@@ -279,7 +279,8 @@ impl Config {
         self.log.validate(source)?;
         self.responses.validate(source)?;
         self.budgets.validate(source)?;
-        self.batches.validate(self.jobs.workers, source)?;
+        self.batches
+            .validate(self.jobs.workers, &self.storage.url, source)?;
         self.admin.validate(source)?;
 
         // A key names one caller: no two tenants share one, nor a tenant and

@@ -485,3 +485,25 @@ fn pattern_routes_and_the_model_placeholder() {
         "{e}"
     );
 }
+
+#[test]
+fn batches_keep_workers_for_live_jobs_and_a_files_dir_beside_sqlite_only() {
+    let base = "[server]\nlisten = \"127.0.0.1:8080\"\n";
+    let c = parse(&format!("{base}[jobs]\nworkers = 16\n")).unwrap();
+    assert_eq!(c.batches.line_workers(c.jobs.workers), 8, "half by default");
+    let c = parse(&format!("{base}[jobs]\nworkers = 1\n")).unwrap();
+    assert_eq!(c.batches.line_workers(c.jobs.workers), 1, "at least one");
+    for bad in ["workers = 0", "workers = 17"] {
+        let e = parse(&format!("{base}[jobs]\nworkers = 16\n[batches]\n{bad}\n")).unwrap_err();
+        assert!(e.to_string().contains("batches.workers"), "{e}");
+    }
+    let dir = "[batches]\nfiles_dir = \"batch-files\"\n";
+    let c = parse(&format!("{base}{dir}")).unwrap();
+    assert_eq!(
+        c.batches.files_dir.as_deref(),
+        Some(std::path::Path::new("batch-files"))
+    );
+    let pg = "[storage]\nurl = \"postgres://127.0.0.1/test\"\n";
+    let e = parse(&format!("{base}{pg}{dir}")).unwrap_err();
+    assert!(e.to_string().contains("batches.files_dir"), "{e}");
+}

@@ -44,6 +44,9 @@ impl From<BatchError> for ApiError {
                 message,
                 code: "batch_not_cancellable",
             },
+            BatchError::NotDeletable { .. } => {
+                ApiError::bad_request(message, "invalid_request", None)
+            }
             BatchError::Store(e) => e.into(),
         }
     }

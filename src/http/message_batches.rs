@@ -362,6 +362,22 @@ pub async fn cancel(
     anthropic(cancelled.await).await
 }
 
+/// `DELETE /v1/messages/batches/{id}`: an ended batch, with its results;
+/// one that has not ended is refused (400), as Anthropic refuses it.
+pub async fn delete(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    ApiPath(id): ApiPath<String>,
+) -> Response {
+    let deleted = async {
+        let tenant = caller(&headers, &app).await?.tenant()?;
+        let b = load(&app, &tenant, &id, true).await?;
+        let b = app.batches.delete(&tenant, &b.id).await?;
+        Ok(axum::Json(json!({"id": b.id, "type": "message_batch_deleted"})).into_response())
+    };
+    anthropic(deleted.await).await
+}
+
 /// `GET /v1/messages/batches/{id}/results`: one line per request, in
 /// Anthropic's result shape (`succeeded`, `errored`, `canceled`,
 /// `expired`), read from the batch's output and error files a part at a

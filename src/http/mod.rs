@@ -472,7 +472,10 @@ pub fn router(state: AppState) -> Router {
             "/v1/messages/batches",
             post(message_batches::create).get(message_batches::list),
         )
-        .route("/v1/messages/batches/{id}", get(message_batches::get))
+        .route(
+            "/v1/messages/batches/{id}",
+            get(message_batches::get).delete(message_batches::delete),
+        )
         .route(
             "/v1/messages/batches/{id}/cancel",
             post(message_batches::cancel),

@@ -301,6 +301,12 @@ pub trait BatchStore: Send + Sync + 'static {
     /// How many of a tenant's batches have work left.
     async fn active_batches(&self, tenant: &str) -> Result<i64>;
 
+    /// Deletes the tenant's batch `id` if it has ended (`completed`,
+    /// `failed`, `expired`, `cancelled`): the row as it was, or None (no
+    /// such batch, or it has not ended). Its files are the caller's to
+    /// delete.
+    async fn delete_batch(&self, tenant: &str, id: &str) -> Result<Option<BatchRecord>>;
+
     /// The newest succeeded line of another batch of the tenant with this
     /// fingerprint, created at `since` or later.
     async fn earlier_answer(
@@ -589,6 +595,21 @@ where
             "SELECT ",
             columns!(),
             " FROM batches WHERE id = $1 AND tenant = $2"
+        ))
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(self.writer())
+        .await?;
+        batch(row)
+    }
+
+    async fn delete_batch(&self, tenant: &str, id: &str) -> Result<Option<BatchRecord>> {
+        let row: Option<BatchRow> = sqlx::query_as(concat!(
+            "DELETE FROM batches
+             WHERE id = $1 AND tenant = $2
+               AND status IN ('completed', 'failed', 'expired', 'cancelled')
+             RETURNING ",
+            columns!()
         ))
         .bind(id)
         .bind(tenant)

@@ -7,6 +7,8 @@
 //! follow, and [`FileStore::finish_file`] makes it `processed`. An upload
 //! that never finished (its client went away, its process died) is swept
 //! with its parts by [`FileStore::sweep_files`], as are expired files.
+//! With `batches.files_dir` (SQLite) the parts are files in that directory
+//! ([`super::parts`]) and the rows stay in the database.
 
 use async_trait::async_trait;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
@@ -125,6 +127,7 @@ where
     for<'r> FileRecord: FromRow<'r, Row<D>>,
     for<'r> (Vec<u8>,): FromRow<'r, Row<D>>,
     for<'r> (i64, String): FromRow<'r, Row<D>>,
+    for<'r> (String,): FromRow<'r, Row<D>>,
 {
     async fn begin_file(&self, file: &FileRecord) -> Result<()> {
         sqlx::query(
@@ -144,6 +147,9 @@ where
     }
 
     async fn put_file_part(&self, id: &str, n: i32, data: &[u8]) -> Result<()> {
+        if let Some(dir) = self.parts() {
+            return dir.put(id, n, data).await;
+        }
         sqlx::query("INSERT INTO file_parts (file_id, n, data) VALUES ($1, $2, $3)")
             .bind(id)
             .bind(n)
@@ -244,6 +250,9 @@ where
     }
 
     async fn file_part(&self, id: &str, n: i32) -> Result<Option<Vec<u8>>> {
+        if let Some(dir) = self.parts() {
+            return dir.get(id, n).await;
+        }
         let part: Option<(Vec<u8>,)> =
             sqlx::query_as("SELECT data FROM file_parts WHERE file_id = $1 AND n = $2")
                 .bind(id)
@@ -260,19 +269,29 @@ where
             .bind(tenant)
             .execute(self.writer())
             .await?;
-        Ok(D::rows_affected(&done) > 0)
+        let deleted = D::rows_affected(&done) > 0;
+        if deleted && let Some(dir) = self.parts() {
+            dir.remove(id).await?;
+        }
+        Ok(deleted)
     }
 
     async fn sweep_files(&self, begun_before: i64, now: i64) -> Result<u64> {
-        let done = sqlx::query(
+        let swept: Vec<(String,)> = sqlx::query_as(
             "DELETE FROM files
              WHERE (status = 'uploading' AND created_at < $1)
-                OR (expires_at IS NOT NULL AND expires_at < $2)",
+                OR (expires_at IS NOT NULL AND expires_at < $2)
+             RETURNING id",
         )
         .bind(begun_before)
         .bind(now)
-        .execute(self.writer())
+        .fetch_all(self.writer())
         .await?;
-        Ok(D::rows_affected(&done))
+        if let Some(dir) = self.parts() {
+            for (id,) in &swept {
+                dir.remove(id).await?;
+            }
+        }
+        Ok(swept.len() as u64)
     }
 }

@@ -42,6 +42,7 @@ mod batches;
 mod files;
 mod keys;
 mod migrations;
+pub mod parts;
 pub mod postgres;
 mod rows;
 mod sql;
@@ -70,6 +71,9 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    /// The directory of the files' parts (`batches.files_dir`) failed.
+    #[error("file storage: {0}")]
+    Files(#[source] std::io::Error),
     #[error("unsupported storage url (expected sqlite:// or postgres://)")]
     UnsupportedUrl,
     /// Another `idem serve` holds the SQLite file (see
@@ -754,10 +758,22 @@ pub trait Store: FileStore + BatchStore + Send + Sync + 'static {
 
 /// Opens the store named by `url` and runs its migrations.
 pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
+    connect_with(url, max_connections, None).await
+}
+
+/// [`connect`], with the files' parts in `files_dir` instead of the
+/// database (SQLite only: the configuration refuses it beside PostgreSQL).
+pub async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    files_dir: Option<&std::path::Path>,
+) -> Result<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(
-            sqlite::SqliteStore::connect(url, max_connections).await?,
-        ))
+        let mut store = sqlite::SqliteStore::connect(url, max_connections).await?;
+        if let Some(dir) = files_dir {
+            store.parts = Some(parts::PartsDir::new(dir.to_path_buf()));
+        }
+        Ok(Arc::new(store))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Arc::new(
             postgres::PgStore::connect(url, max_connections).await?,

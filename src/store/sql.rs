@@ -46,6 +46,12 @@ pub(super) trait Dialect: Send + Sync + 'static {
 
     const BACKEND: Backend;
 
+    /// The directory of the files' parts, when they are not in the
+    /// database.
+    fn parts(&self) -> Option<&super::parts::PartsDir> {
+        None
+    }
+
     /// In a write transaction, `SELECT state, version` of job `$1`, the row
     /// kept from change until the transaction ends.
     const LOCK_JOB: &'static str;

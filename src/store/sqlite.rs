@@ -114,6 +114,8 @@ impl ServeLock {
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: SqlitePool,
+    /// Where the files' parts live when not in the database.
+    pub(super) parts: Option<super::parts::PartsDir>,
 }
 
 impl SqliteStore {
@@ -146,12 +148,20 @@ impl SqliteStore {
             .max_connections(max_connections.max(1))
             .connect_with(options)
             .await?;
-        Ok(SqliteStore { pool, writer })
+        Ok(SqliteStore {
+            pool,
+            writer,
+            parts: None,
+        })
     }
 }
 
 impl Dialect for SqliteStore {
     type Db = Sqlite;
+
+    fn parts(&self) -> Option<&super::parts::PartsDir> {
+        self.parts.as_ref()
+    }
 
     const BACKEND: Backend = Backend::Sqlite;
 

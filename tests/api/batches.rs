@@ -259,7 +259,11 @@ async fn a_batch_with_bad_lines_fails_validation_and_a_bad_body_is_its_lines_err
     );
     assert_eq!(app.calls(), 0);
     // Endpoints a batch does not run: refused at creation.
-    for endpoint in ["/v1/messages", "/v1/completions", "/v1/audio/transcriptions"] {
+    for endpoint in [
+        "/v1/messages",
+        "/v1/completions",
+        "/v1/audio/transcriptions",
+    ] {
         let r = app
             .post_json(
                 ACME,
@@ -421,6 +425,42 @@ async fn an_embeddings_batch_sends_each_item_once_and_answers_live_requests_from
     assert_eq!((live.status, live.outcome.as_str()), (200, "cache-hit"));
     assert_eq!(app.mock.stats().embedding_items, 4);
     app.stop().await;
+}
+
+#[tokio::test]
+async fn with_a_files_dir_the_files_are_in_it_and_a_batch_runs_the_same() {
+    let dir = std::env::temp_dir().join(format!("idem-files-{}", uuid::Uuid::now_v7().simple()));
+    let app = TestApp::with(Spec {
+        extra: format!("[batches]\nfiles_dir = {:?}\n", dir.display().to_string()),
+        ..Spec::default()
+    })
+    .await;
+    let lines: Vec<String> = (0..3)
+        .map(|i| line(&format!("f-{i}"), &format!("f{}", i % 2)))
+        .collect();
+    let file = input(&app, ACME, &lines).await;
+    assert!(
+        dir.join(&file).join("0").is_file(),
+        "the input's part is a file of the directory"
+    );
+    let id = created(&app, ACME, &file).await;
+    let b = until_status(&app, ACME, &id, &["completed", "failed"]).await;
+    assert_eq!(b["request_counts"]["completed"], 3, "{b}");
+    assert_eq!(app.calls(), 2);
+    let out_id = b["output_file_id"].as_str().unwrap();
+    assert!(dir.join(out_id).is_dir());
+    assert_eq!(answers(&file_lines(&app, ACME, out_id).await).len(), 3);
+    let r = app
+        .client
+        .delete(app.url(&format!("/v1/files/{out_id}")))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(!dir.join(out_id).exists(), "deleted with its row");
+    app.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The `q`-quantile of `ms`, sorted in place.

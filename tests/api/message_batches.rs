@@ -3,8 +3,8 @@
 //! results in Anthropic's shape (the message as the provider wrote it), a
 //! batch created again with its Idempotency-Key is the same batch,
 //! creation refused with Anthropic's errors, a cancel counts the requests
-//! it kept from running, and another tenant (or the OpenAI face) sees
-//! nothing.
+//! it kept from running, a batch is deleted (with its files) only once it
+//! has ended, and another tenant (or the OpenAI face) sees nothing.
 
 use std::time::Duration;
 
@@ -352,5 +352,68 @@ async fn a_cancel_keeps_the_requests_not_started_from_running_and_counts_them() 
             "succeeded"
         ]
     );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_batch_is_deleted_only_once_it_has_ended_and_its_files_go_with_it() {
+    let app = TestApp::with(Spec {
+        primary: idem::mock_upstream::Behaviour {
+            hold: true,
+            ..Default::default()
+        },
+        ..anthropic_target()
+    })
+    .await;
+    let requests: Vec<Value> = (0..2)
+        .map(|i| request(&format!("d-{i}"), &format!("d{i}")))
+        .collect();
+    let r = create(&app, ACME, &requests, &[]).await;
+    assert_eq!(r.status(), 200);
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/v1/messages/batches/{id}");
+    let delete = |key: &'static str| send(&app, key, reqwest::Method::DELETE, &path, None, &[]);
+    held(&app.mock, 2).await;
+    // Still running: refused, as Anthropic refuses it.
+    let v = assert_anthropic_error(delete(ACME).await, 400, "invalid_request_error").await;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cancel it"),
+        "{v}"
+    );
+    // Another tenant's: not found.
+    assert_anthropic_error(delete(BETA).await, 404, "not_found_error").await;
+    release(&app.mock, None).await;
+    until_ended(&app, ACME, &id).await;
+    assert_eq!(results(&app, ACME, &id).await.len(), 2);
+    let files = |v: &Value| v["data"].as_array().map_or(0, Vec::len);
+    let (_, listed) = app.get_json(ACME, "/v1/files").await;
+    assert_eq!(files(&listed), 2, "its requests and its results: {listed}");
+
+    let r = delete(ACME).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"id": id, "type": "message_batch_deleted"})
+    );
+    assert_eq!(get(&app, ACME, &path).await.0, 404);
+    let gone = send(
+        &app,
+        ACME,
+        reqwest::Method::GET,
+        &format!("{path}/results"),
+        None,
+        &[],
+    )
+    .await;
+    assert_anthropic_error(gone, 404, "not_found_error").await;
+    assert_anthropic_error(delete(ACME).await, 404, "not_found_error").await;
+    let (_, listed) = app.get_json(ACME, "/v1/files").await;
+    assert_eq!(files(&listed), 0, "{listed}");
     app.stop().await;
 }

@@ -10,15 +10,15 @@ Idempotency-Key (created again: the same batch), polls it to `ended` with
 `results_url`) and checks every request is there once: the answered ones
 with their message, identical ones with the same, a request without
 `max_tokens` errored as the Messages API would refuse it; lists the
-batches by pages; cancelling an ended batch answers it as it is. Exits
-non-zero on the first difference.
+batches by pages; cancelling an ended batch answers it as it is; deletes
+it, after which it is not found. Exits non-zero on the first difference.
 """
 
 import sys
 import time
 import uuid
 
-from anthropic import Anthropic
+from anthropic import Anthropic, NotFoundError
 
 from openai_embeddings_mock import check
 
@@ -85,7 +85,14 @@ def main() -> None:
     check("listed, newest first", ids[0] == batch.id, ids)
     cancelled = client.messages.batches.cancel(batch.id)
     check("an ended batch's cancel answers it as it is", cancelled.processing_status == "ended", cancelled)
-    print("anthropic message batches: create (and again with its key), retrieve to ended, results, list, cancel: ok")
+    deleted = client.messages.batches.delete(batch.id)
+    check("deleted", deleted.type == "message_batch_deleted" and deleted.id == batch.id, deleted)
+    try:
+        client.messages.batches.retrieve(batch.id)
+        check("a deleted batch is not found", False, batch.id)
+    except NotFoundError:
+        pass
+    print("anthropic message batches: create (and again with its key), retrieve to ended, results, list, cancel, delete: ok")
 
 
 if __name__ == "__main__":

@@ -9,15 +9,18 @@ with `batches.retrieve`, reads the output file with `files.content` and
 checks every line is there once with its answer, identical lines with the
 same answer and counted as answered without a call; lists the batches by
 pages; a completed batch cannot be cancelled; then the same for a batch of
-the Responses API. Exits non-zero on the first difference.
+the Responses API, and one of embeddings (read back with the SDK's own
+types; a base64 line as its bytes). Exits non-zero on the first difference.
 """
 
+import base64
 import json
 import sys
 import time
 import uuid
 
 from openai import ConflictError, OpenAI
+from openai.types import CreateEmbeddingResponse
 
 from openai_embeddings_mock import check
 
@@ -131,12 +134,45 @@ def responses_batch(client: OpenAI, run: str) -> None:
         check("a response object", body["object"] == "response" and body["status"] == "completed", body)
 
 
+def embeddings_batch(client: OpenAI, run: str) -> None:
+    inputs = [[f"{run} a", f"{run} b"], f"{run} c", [f"{run} a", f"{run} b"], [f"{run} b", f"{run} d"]]
+    lines = [
+        {
+            "custom_id": f"e-{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "mock", "input": item, "encoding_format": "base64" if i == 3 else "float"},
+        }
+        for i, item in enumerate(inputs)
+    ]
+    file_id = upload(client, f"{run}-embeddings.jsonl", lines)
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+    done = until_ended(client, batch.id)
+    check("an embeddings batch completed", done.status == "completed", done)
+    out = output(client, done.output_file_id)
+    check("4 output lines", sorted(out) == [f"e-{i}" for i in range(4)], sorted(out))
+    for i, item in enumerate(inputs):
+        body = out[f"e-{i}"]["response"]["body"]
+        want = len(item) if isinstance(item, list) else 1
+        check("one embedding per item", len(body["data"]) == want, body)
+        if i == 3:
+            # base64: the little-endian f32s.
+            sizes = {len(base64.b64decode(d["embedding"])) % 4 for d in body["data"]}
+            check("base64 vectors", sizes == {0}, body)
+        else:
+            listed = CreateEmbeddingResponse.model_validate(body)
+            check("float vectors", all(isinstance(d.embedding, list) for d in listed.data), body)
+    first, again = out["e-0"]["response"]["body"], out["e-2"]["response"]["body"]
+    check("identical lines, one answer", first["data"] == again["data"], (first, again))
+
+
 def main() -> None:
     client = OpenAI(base_url=sys.argv[1], api_key="sk-any", max_retries=0)
     run = uuid.uuid4().hex[:8]
     chat_batch(client, run)
     responses_batch(client, run)
-    print("openai batches: create (and again with its key), retrieve to completed, output, list, cancel refused: ok")
+    embeddings_batch(client, run)
+    print("openai batches: create (and again with its key), retrieve to completed, output, list, cancel refused; Responses and embeddings batches: ok")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 //! however many create it at once, a claim that one driver at a time
 //! holds and that lapses, a status that moves only from the status its
 //! driver read (a cancel is never overwritten), lines answered without
-//! a call found and created already ended, and a claim that takes live
-//! jobs before batch lines and no more lines than it is allowed.
+//! a call found and created already ended, a claim that takes live jobs
+//! before batch lines and no more lines than it is allowed, and a batch
+//! deleted only once it has ended.
 
 use std::sync::Arc;
 
@@ -374,6 +375,7 @@ store_tests!(
     batch_lines_answered_by_earlier_ones,
     batch_lines_start_only_while_in_progress,
     claim_takes_live_jobs_first_and_lines_up_to_their_limit,
+    batches_deleted_only_once_ended,
 );
 
 async fn batch_lines_start_only_while_in_progress(s: Arc<dyn Store>) {
@@ -464,4 +466,35 @@ async fn claim_takes_live_jobs_first_and_lines_up_to_their_limit(s: Arc<dyn Stor
         claim(5, 5).await,
         sorted(vec![lines[1].clone(), lines[2].clone()])
     );
+}
+
+async fn batches_deleted_only_once_ended(s: Arc<dyn Store>) {
+    s.create_batch(&batch("t1", "batch_d", None, T0))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.delete_batch("t1", "batch_d").await.unwrap(),
+        None,
+        "validating"
+    );
+    let mut b = s.claim_batch("w", T0, T0 + 1_000).await.unwrap().unwrap();
+    b.status = BatchStatus::Completed;
+    b.completed_at = Some(T0 + 1);
+    assert!(s.set_batch(&b, "w", BatchStatus::Validating).await.unwrap());
+    assert_eq!(
+        s.delete_batch("t2", "batch_d").await.unwrap(),
+        None,
+        "another tenant's"
+    );
+    let gone = s
+        .delete_batch("t1", "batch_d")
+        .await
+        .unwrap()
+        .expect("deleted");
+    assert_eq!(
+        (gone.id.as_str(), gone.status),
+        ("batch_d", BatchStatus::Completed)
+    );
+    assert!(s.batch(None, "batch_d").await.unwrap().is_none());
+    assert_eq!(s.delete_batch("t1", "batch_d").await.unwrap(), None, "once");
 }

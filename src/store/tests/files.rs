@@ -1,7 +1,8 @@
 //! The Batch API's files in the store, on both backends: a file is
 //! invisible until finished, read back part by part, scoped to its tenant,
 //! listed in either order after a cursor, deleted with its parts, and
-//! swept when abandoned or expired.
+//! swept when abandoned or expired; the same on SQLite with the parts in a
+//! directory (`batches.files_dir`), where they go with their rows.
 
 use std::sync::Arc;
 
@@ -173,3 +174,64 @@ store_tests!(
     files_list_in_order_after_a_cursor,
     files_abandoned_or_expired_are_swept,
 );
+
+/// The same on SQLite with the parts in a directory.
+mod on_sqlite_with_a_files_dir {
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use super::super::super::Store;
+    use super::T0;
+
+    async fn opened() -> (Arc<dyn Store>, PathBuf) {
+        let root =
+            std::env::temp_dir().join(format!("idem-files-dir-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&root).unwrap();
+        let url = format!("sqlite://{}", root.join("idem.db").display());
+        let s = crate::store::connect_with(&url, 4, Some(&root.join("parts")))
+            .await
+            .unwrap();
+        (s, root)
+    }
+
+    #[tokio::test]
+    async fn files_are_written_in_parts_and_read_back() {
+        let (s, root) = opened().await;
+        super::files_are_written_in_parts_and_read_back(s).await;
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[tokio::test]
+    async fn files_abandoned_or_expired_are_swept() {
+        let (s, root) = opened().await;
+        super::files_abandoned_or_expired_are_swept(s).await;
+        assert!(!root.join("parts/file-old").exists(), "swept with its row");
+        assert!(!root.join("parts/file-expired").exists());
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[tokio::test]
+    async fn the_parts_are_files_of_the_directory_and_go_with_their_row() {
+        let (s, root) = opened().await;
+        super::write(&*s, "t1", "file-d", T0, &[b"one\n", b"two\n"]).await;
+        assert_eq!(
+            std::fs::read(root.join("parts/file-d/1")).unwrap(),
+            b"two\n"
+        );
+        assert_eq!(
+            s.file_part("file-d", 0).await.unwrap().as_deref(),
+            Some(&b"one\n"[..])
+        );
+        assert!(
+            !s.delete_file("t2", "file-d").await.unwrap(),
+            "another tenant's"
+        );
+        assert!(root.join("parts/file-d").exists());
+        assert!(s.delete_file("t1", "file-d").await.unwrap());
+        assert!(!root.join("parts/file-d").exists());
+        // An id that is not idem's names no directory.
+        assert!(!s.delete_file("t1", "../idem.db").await.unwrap());
+        assert!(root.join("idem.db").exists());
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
