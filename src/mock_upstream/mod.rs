@@ -12,7 +12,10 @@
 //! Responses API, `POST /v1/responses` (reasoning, function, custom and
 //! web search items, plain or as typed events), spoken natively. Each face
 //! accepts what the real API and its agents (Claude Code, Codex) send and
-//! refuses the rest with that API's 400s. All go through the same behaviour: it can be told, by CLI
+//! refuses the rest with that API's 400s. OpenAI's Batch API is served on
+//! the provider side too: `POST /v1/files`, `POST /v1/batches`, polling and
+//! downloading, each line answered as the chat endpoint would (see the
+//! `batches` module). All go through the same behaviour: it can be told, by CLI
 //! flags at start or by the `/_mock` control API at run time, to be slow, to
 //! fail with a chosen status, to drop connections, to answer 200 with
 //! garbage or with a padded (large) answer, or to hold requests until a test
@@ -24,12 +27,14 @@
 //! `anthropic` the Anthropic face's validation and answers,
 //! `responses_request` and `responses` the Responses face's, `seal` the
 //! opaque tokens (thinking signatures, encrypted reasoning) the mock checks
-//! when they come back, `state` keeps counters and held requests, `routes`
-//! is the HTTP surface. None of it uses idem's own request path.
+//! when they come back, `batches` the Files and Batch endpoints, `state`
+//! keeps counters, held requests, files and batches, `routes` is the HTTP
+//! surface. None of it uses idem's own request path.
 
 mod answer;
 mod anthropic;
 mod anthropic_request;
+mod batches;
 mod embeddings;
 mod responses;
 mod responses_request;
@@ -44,6 +49,8 @@ mod tests_anthropic;
 mod tests_anthropic_thinking;
 #[cfg(test)]
 mod tests_azure;
+#[cfg(test)]
+mod tests_batches;
 #[cfg(test)]
 mod tests_responses;
 
@@ -104,7 +111,9 @@ pub struct Behaviour {
     pub content: Option<String>,
     /// Delay between SSE chunks when streaming.
     pub chunk_delay_ms: u64,
-    /// Hold every request (after counting it) until released.
+    /// Hold every request (after counting it) until released; a provider
+    /// batch created while it is set (or `hang`) stays `in_progress`, its
+    /// lines not run, until released.
     pub hold: bool,
     /// Answer 200 with this kind of garbage instead of a chat completion.
     pub garbage: Option<Garbage>,
@@ -233,9 +242,11 @@ impl MockArgs {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
     /// Requests to the provider endpoints (OpenAI's and Azure's chat
-    /// completions and embeddings, Anthropic's messages and token counts)
-    /// that arrived (counted on arrival, before any hold, latency or failure;
-    /// invalid bodies and refused credentials included).
+    /// completions and embeddings, Anthropic's messages and token counts,
+    /// the Responses API) that arrived (counted on arrival, before any hold,
+    /// latency or failure; invalid bodies and refused credentials
+    /// included), and the lines of provider batches answered (see
+    /// `batch_lines`). Uploads, batch creations and polls are not calls.
     pub calls: u64,
     /// The embeddings requests among `calls`.
     #[serde(default)]
@@ -244,6 +255,15 @@ pub struct Stats {
     /// or a token array is one item).
     #[serde(default)]
     pub embedding_items: u64,
+    /// Provider batches created (`POST /v1/batches` answered 200).
+    #[serde(default)]
+    pub batches: u64,
+    /// The lines of provider batches answered, each a call among `calls`
+    /// (endpoint `batch_line`), whatever its answer's status; a line that
+    /// cannot be read as a request (no JSON object, no `custom_id`, another
+    /// method or URL) is not a call and is not counted here.
+    #[serde(default)]
+    pub batch_lines: u64,
     /// Requests answered with a 2xx status (counted when the answer starts).
     pub completed: u64,
     /// Requests answered with an error status.
@@ -352,6 +372,9 @@ pub enum Endpoint {
     CountTokens,
     /// OpenAI's Responses API, `POST /v1/responses`.
     Responses,
+    /// One line of a provider batch (`POST /v1/batches`), answered as
+    /// `POST /v1/chat/completions` answers its body.
+    BatchLine,
 }
 
 /// How a logged call ended.
@@ -422,6 +445,12 @@ impl MockServer {
     /// same as `GET /_mock/calls`).
     pub fn calls(&self) -> Vec<CallRecord> {
         self.shared.calls()
+    }
+
+    /// Every provider batch since the start or the last reset, oldest
+    /// first, as `GET /v1/batches/{id}` shows it now.
+    pub fn batches(&self) -> Vec<Value> {
+        batches::objects(&self.shared)
     }
 
     /// Replaces the behaviour; requests already held keep waiting (release them).

@@ -1,6 +1,7 @@
 //! The mock's HTTP surface: the OpenAI-compatible endpoints, their Azure
-//! OpenAI twins, Anthropic's messages endpoints, and the `/_mock` control
-//! API that tests use to observe and steer it.
+//! OpenAI twins, Anthropic's messages endpoints, OpenAI's Files and Batch
+//! endpoints (handled in `batches`), and the `/_mock` control API that
+//! tests use to observe and steer it.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -20,6 +21,7 @@ use serde_json::{Value, json};
 
 use super::answer::{Garbled, error_body, garbage, plain_body, stream_frames};
 use super::anthropic::{self, Reply};
+use super::batches;
 use super::embeddings::{self, EmbeddingsRequest, answer_body};
 use super::state::{Arrival, InFlight, Incoming, Outcome, Release, Sent, Shared};
 use super::{Behaviour, Endpoint};
@@ -49,6 +51,24 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/responses", post(responses))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/files", post(batches::upload))
+        .route("/files", post(batches::upload))
+        .route(
+            "/v1/files/{id}",
+            get(batches::file).delete(batches::delete_file),
+        )
+        .route(
+            "/files/{id}",
+            get(batches::file).delete(batches::delete_file),
+        )
+        .route("/v1/files/{id}/content", get(batches::content))
+        .route("/files/{id}/content", get(batches::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::retrieve))
+        .route("/batches/{id}", get(batches::retrieve))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
+        .route("/batches/{id}/cancel", post(batches::cancel))
         .route("/", get(root).head(root))
         .route("/v1/models", get(models))
         .route("/models", get(models))
@@ -67,7 +87,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 }
 
 /// The parts of an Azure OpenAI URL.
-struct Azure {
+pub(super) struct Azure {
     deployment: String,
     /// The `api-version` query; none when missing or empty.
     api_version: Option<String>,
@@ -477,7 +497,7 @@ fn azure_error(status: u16, message: &str) -> Response {
     json_response(code, &body)
 }
 
-const NOT_AN_OBJECT: &str = "mock: the body is not a JSON object";
+pub(super) const NOT_AN_OBJECT: &str = "mock: the body is not a JSON object";
 
 /// The request as JSON (a JSON string holding the raw text if it is not
 /// JSON), and whether it is a JSON object.
@@ -490,7 +510,7 @@ fn request_of(body: &[u8]) -> (Arc<Value>, bool) {
 }
 
 /// The headers of interest of a request, and the parts of its Azure URL.
-fn sent_of(headers: &HeaderMap, azure: Option<&Azure>) -> Sent {
+pub(super) fn sent_of(headers: &HeaderMap, azure: Option<&Azure>) -> Sent {
     let header = |name: &str| {
         headers
             .get(name)
@@ -556,19 +576,24 @@ async fn gate(
             shared.count(arrival, Outcome::Reset);
             return Err(connection_reset());
         }
-        if let Some(status) = behaviour.fail_status {
-            let rate = if behaviour.fail_rate > 0.0 {
-                behaviour.fail_rate
-            } else {
-                1.0
-            };
-            if chance(rate) {
-                shared.count(arrival, Outcome::Failed(status));
-                return Err(failure(face, status, behaviour.retry_after, arrival.seq));
-            }
+        if let Some(status) = drawn_failure(&behaviour) {
+            shared.count(arrival, Outcome::Failed(status));
+            return Err(failure(face, status, behaviour.retry_after, arrival.seq));
         }
     }
     Ok((behaviour, release))
+}
+
+/// The status `behaviour` fails a call with, if it draws a failure:
+/// `fail_status` with probability `fail_rate` (0 meaning always).
+pub(super) fn drawn_failure(behaviour: &Behaviour) -> Option<u16> {
+    let status = behaviour.fail_status?;
+    let rate = if behaviour.fail_rate > 0.0 {
+        behaviour.fail_rate
+    } else {
+        1.0
+    };
+    chance(rate).then_some(status)
 }
 
 /// A garbled 200: streamed frame by frame if it is an SSE body, else in one.
@@ -665,7 +690,7 @@ fn error_with_param(
     response
 }
 
-fn json_response(status: StatusCode, value: &Value) -> Response {
+pub(super) fn json_response(status: StatusCode, value: &Value) -> Response {
     (
         status,
         [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
@@ -804,12 +829,17 @@ async fn held(State(shared): State<Arc<Shared>>, Query(query): Query<HeldQuery>)
 #[serde(default, deny_unknown_fields)]
 struct ReleaseBody {
     seq: Option<u64>,
+    /// A held provider batch's id.
+    batch: Option<String>,
     status: Option<u16>,
     content: Option<String>,
 }
 
-/// `POST /_mock/release`: `{}` releases every held request, `{"seq": N}` just
-/// that one; `status` / `content` override how they answer.
+/// `POST /_mock/release`: `{}` releases every held request and every held
+/// provider batch, `{"seq": N}` just that request, `{"batch": ID}` just
+/// that batch; `status` / `content` override how they answer (a batch's
+/// every line). Answers `{"released": [seq, ...], "released_batches":
+/// [id, ...]}`.
 async fn release(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let body = if body.iter().all(u8::is_ascii_whitespace) {
         ReleaseBody::default()
@@ -823,8 +853,18 @@ async fn release(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         status: body.status,
         content: body.content,
     };
-    let released = shared.release(body.seq, &release);
-    json_response(StatusCode::OK, &json!({"released": released}))
+    let released = match (body.seq, &body.batch) {
+        (None, Some(_)) => Vec::new(),
+        (seq, _) => shared.release(seq, &release),
+    };
+    let released_batches = match (body.seq, body.batch.as_deref()) {
+        (Some(_), None) => Vec::new(),
+        (_, batch) => batches::release(&shared, batch, &release),
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({"released": released, "released_batches": released_batches}),
+    )
 }
 
 /// Any other path: OpenAI's 404, logged (at `warn`, with the method and

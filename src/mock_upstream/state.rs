@@ -1,5 +1,6 @@
-//! The mock's shared state: counters, the last requests, the behaviour, and
-//! the gate where held and hung requests wait.
+//! The mock's shared state: counters, the last requests, the behaviour,
+//! the gate where held and hung requests wait, and the files and batches
+//! of the Batch API (kept by `batches`).
 //!
 //! The hot path (a request that is neither held nor hung) takes one short
 //! std `Mutex` (to number and record the request) and otherwise touches only
@@ -14,6 +15,7 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::batches::Store;
 use super::{Behaviour, CallOutcome, CallRecord, Endpoint, RecordedRequest, Stats};
 
 /// How many requests `last_requests` keeps.
@@ -52,10 +54,18 @@ pub(crate) struct Shared {
     calls: AtomicU64,
     embedding_calls: AtomicU64,
     embedding_items: AtomicU64,
+    /// Provider batches created; counted and zeroed under the `store` lock.
+    batches: AtomicU64,
+    /// Lines answered inside provider batches (each also among `calls`).
+    batch_lines: AtomicU64,
     completed: AtomicU64,
     failed: AtomicU64,
     resets: AtomicU64,
     in_flight: AtomicU64,
+    /// The Batch API's files and batches. Lock order: `store`, then
+    /// `registry` (a batch line arrives under the store lock, so that a
+    /// reset, which forgets the batches first, cannot let one through).
+    store: Mutex<Store>,
     /// The number of held requests; `/_mock/held` waits on it.
     held: watch::Sender<usize>,
     pub(crate) shutdown: CancellationToken,
@@ -138,6 +148,9 @@ impl Shared {
             calls: AtomicU64::new(0),
             embedding_calls: AtomicU64::new(0),
             embedding_items: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            batch_lines: AtomicU64::new(0),
+            store: Mutex::new(Store::default()),
             completed: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             resets: AtomicU64::new(0),
@@ -163,6 +176,16 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner) = Arc::new(behaviour);
     }
 
+    /// The Batch API's files and batches (see the lock order at `store`).
+    pub(crate) fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a provider batch created; called under the `store` lock.
+    pub(crate) fn batch_created(&self) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn registry(&self) -> MutexGuard<'_, Registry> {
         // A panic while holding this lock cannot leave the registry
         // half-updated in a way that matters to a test double.
@@ -182,7 +205,7 @@ impl Shared {
         // Built before taking the lock; numbered under it.
         let text = |key: &str| body.get(key).and_then(Value::as_str).map(str::to_owned);
         let prompt = match endpoint {
-            Endpoint::ChatCompletions => super::answer::echoed(&body),
+            Endpoint::ChatCompletions | Endpoint::BatchLine => super::answer::echoed(&body),
             Endpoint::Embeddings => super::embeddings::echoed(&body),
             Endpoint::Messages | Endpoint::CountTokens => super::anthropic::echoed(&body),
             Endpoint::Responses => super::responses_request::echoed(&body),
@@ -223,6 +246,9 @@ impl Shared {
         if endpoint == Endpoint::Embeddings {
             self.embedding_calls.fetch_add(1, Ordering::Relaxed);
             self.embedding_items.fetch_add(items, Ordering::Relaxed);
+        }
+        if endpoint == Endpoint::BatchLine {
+            self.batch_lines.fetch_add(1, Ordering::Relaxed);
         }
         Arrival {
             seq,
@@ -318,9 +344,15 @@ impl Shared {
             .collect()
     }
 
-    /// Zeroes the counters, forgets the recorded requests, releases every held
-    /// request and restores the behaviour given at start.
+    /// Zeroes the counters, forgets the recorded requests, the files and the
+    /// batches (a held batch's task then ends without running a line),
+    /// releases every held request and restores the behaviour given at start.
     pub(crate) fn reset(&self) {
+        {
+            let mut store = self.store();
+            store.forget();
+            self.batches.store(0, Ordering::Relaxed);
+        }
         let mut registry = self.registry();
         self.epoch.fetch_add(1, Ordering::Relaxed);
         registry.next_seq = 0;
@@ -332,6 +364,7 @@ impl Shared {
             &self.calls,
             &self.embedding_calls,
             &self.embedding_items,
+            &self.batch_lines,
             &self.completed,
             &self.failed,
             &self.resets,
@@ -383,6 +416,8 @@ impl Shared {
             calls: self.calls.load(Ordering::Relaxed),
             embedding_calls: self.embedding_calls.load(Ordering::Relaxed),
             embedding_items: self.embedding_items.load(Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
+            batch_lines: self.batch_lines.load(Ordering::Relaxed),
             completed: self.completed.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             resets: self.resets.load(Ordering::Relaxed),
