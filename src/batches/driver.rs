@@ -49,7 +49,7 @@ use crate::fingerprint::Fingerprint;
 use crate::jobs::{Intent, JobError, Jobs, job_answer, payload_hash};
 use crate::outcome::Outcome;
 use crate::store::{
-    AttemptRecord, AttemptState, BatchRecord, BatchStatus, Created, JobRecord, JobState,
+    AttemptRecord, AttemptState, BatchRecord, BatchStatus, Created, HELD, JobRecord, JobState,
     LEASE_EXPIRED, NewJob, StoreError, now_ms,
 };
 use crate::task::{Count, Finish};
@@ -287,6 +287,8 @@ struct Driver {
     /// job yet but those this run makes (each custom_id once), so a line's
     /// job need not be looked for before it is made.
     fresh: bool,
+    /// Whether nobody's budget counts the batch's calls (asked once).
+    unbudgeted: Option<bool>,
 }
 
 impl Driver {
@@ -302,6 +304,7 @@ impl Driver {
             last_progress: Instant::now(),
             stopping: None,
             fresh: false,
+            unbudgeted: None,
         }
     }
 
@@ -605,6 +608,7 @@ impl Driver {
         // The first line of each fingerprint: its number and custom_id.
         let mut firsts: HashMap<Fingerprint, (u64, String)> = HashMap::new();
         let mut pending: FuturesUnordered<Waiting> = FuturesUnordered::new();
+        let mut upstream = upstream::Groups::default();
         let mut in_flight: HashMap<Arc<str>, usize> = HashMap::new();
         let deadline = Instant::now()
             + Duration::from_millis(u64::try_from(self.b.expires_at - now_ms()).unwrap_or(0));
@@ -638,6 +642,11 @@ impl Driver {
                 store.job_by_key(&tenant, &key).await?
             };
             let job = match made {
+                // Held for a provider batch by an earlier run.
+                Some(j) if j.not_before == HELD && j.state == JobState::Queued => {
+                    self.hold(&mut upstream, &j, &p).await?;
+                    continue;
+                }
                 Some(j) => j,
                 None if self.stopping.is_some() => continue,
                 None => {
@@ -657,6 +666,23 @@ impl Driver {
                     let new = self.new_job(&parsed.custom_id, &p);
                     match earlier {
                         Some(e) => self.answered(new, &e, &p.route, "earlier_batch").await?,
+                        // Sent with the others in a provider batch.
+                        None if self.sends_upstream(&p) => {
+                            match store.create_line(&new, true).await? {
+                                Some(Created::New(j) | Created::Existing(j))
+                                    if j.not_before == HELD && j.state == JobState::Queued =>
+                                {
+                                    self.hold(&mut upstream, &j, &p).await?;
+                                    continue;
+                                }
+                                Some(Created::New(j) | Created::Existing(j)) => j,
+                                None => {
+                                    self.progress(true).await?;
+                                    self.stopping.get_or_insert(Ending::Cancelled);
+                                    continue;
+                                }
+                            }
+                        }
                         None => {
                             // The route's window: wait for a line of it to end.
                             let limit = p.route.config.batch.concurrency as usize;
@@ -667,7 +693,7 @@ impl Driver {
                             if self.stopping.is_some() {
                                 continue;
                             }
-                            match store.create_line(&new).await? {
+                            match store.create_line(&new, false).await? {
                                 Some(Created::New(j) | Created::Existing(j)) => {
                                     self.env.jobs().wake();
                                     j
@@ -695,22 +721,15 @@ impl Driver {
                 continue;
             }
             *in_flight.entry(p.route.name.clone()).or_default() += 1;
-            let (jobs, tenant, id, route) = (
-                self.env.jobs().clone(),
-                tenant.clone(),
-                job.id.clone(),
-                p.route.name.clone(),
-            );
-            let late = {
-                let a = &p.route.config.attempts;
-                a.late_result_window.max(a.timeout)
-            };
-            pending.push(Box::pin(async move {
-                (
-                    route,
-                    line_settled(&jobs, &tenant, &id, deadline, late).await,
-                )
-            }));
+            pending.push(self.waiting(&p.route, job.id.clone(), deadline));
+        }
+        // The lines held for providers' Batch APIs: sent, waited for; those
+        // given back to the job workers are waited for as the others.
+        if !upstream.is_empty() {
+            for (route, id) in self.send_upstream(upstream).await? {
+                *in_flight.entry(route.name.clone()).or_default() += 1;
+                pending.push(self.waiting(&route, id, deadline));
+            }
         }
         while !pending.is_empty() {
             self.settle_next(&mut pending, &mut in_flight).await?;
@@ -773,6 +792,25 @@ impl Driver {
         // Another pass (after a cancel) meets the jobs this one made.
         self.fresh = false;
         Ok(self.stopping.unwrap_or(Ending::Completed))
+    }
+
+    /// The wait for line job `id` of `route` to end.
+    fn waiting(&self, route: &Arc<crate::routes::Route>, id: String, deadline: Instant) -> Waiting {
+        let (jobs, tenant, name) = (
+            self.env.jobs().clone(),
+            self.b.tenant.clone(),
+            route.name.clone(),
+        );
+        let late = {
+            let a = &route.config.attempts;
+            a.late_result_window.max(a.timeout)
+        };
+        Box::pin(async move {
+            (
+                name,
+                line_settled(&jobs, &tenant, &id, deadline, late).await,
+            )
+        })
     }
 
     /// Waits for the next line in flight to end (writing progress while it
@@ -962,3 +1000,6 @@ fn held_for_good(attempts: &[AttemptRecord], late: Duration, now: i64) -> bool {
 
 #[cfg(test)]
 mod tests;
+mod upstream;
+
+pub use upstream::provider_batches;

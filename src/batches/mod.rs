@@ -329,6 +329,7 @@ impl Batches {
             cancelled_at: None,
             claimed_by: None,
             claim_until: None,
+            upstream: None,
         };
         match self.store.create_batch(&record).await? {
             BatchCreated::New(b) => {
@@ -471,6 +472,7 @@ pub fn batch_json(b: &BatchRecord) -> Value {
             "answered_without_call": b.counts.deduplicated + b.counts.reused,
             "deduplicated": b.counts.deduplicated,
             "reused": b.counts.reused,
+            "provider_batches": driver::provider_batches(b),
         },
     })
 }

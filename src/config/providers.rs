@@ -91,6 +91,19 @@ pub struct ProviderConfig {
     /// there as its client wrote it instead of translated to chat.
     #[serde(default)]
     pub responses_api: bool,
+    /// `openai`: the provider offers OpenAI's Batch API (`{base_url}/files`,
+    /// `{base_url}/batches`), usually at a discount: a batch's unique chat
+    /// lines on a route whose first target it is go to it as one provider
+    /// batch instead of one call each (docs/design.md, "Batches").
+    #[serde(default)]
+    pub batch_api: bool,
+    /// How often a provider batch is asked whether it has ended.
+    #[serde(default = "default_batch_poll", with = "humantime_serde")]
+    pub batch_poll_interval: Duration,
+}
+
+fn default_batch_poll() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_max_tokens() -> u32 {
@@ -147,6 +160,12 @@ impl ProviderConfig {
         }
         if self.responses_api && self.kind != ProviderKind::Openai {
             return Err(source.invalid(at("responses_api"), "applies to kind = \"openai\" only"));
+        }
+        if self.batch_api && self.kind != ProviderKind::Openai {
+            return Err(source.invalid(at("batch_api"), "applies to kind = \"openai\" only"));
+        }
+        if self.batch_poll_interval < Duration::from_millis(10) {
+            return Err(source.invalid(at("batch_poll_interval"), "expected at least 10ms"));
         }
         if self.api_version.is_some() && self.kind != ProviderKind::Azure {
             return Err(source.invalid(at("api_version"), "applies to kind = \"azure\" only"));

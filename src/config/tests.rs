@@ -455,6 +455,24 @@ fn responses_api_is_for_openai_providers_only() {
     }
 }
 
+#[test]
+fn batch_api_is_for_openai_providers_only() {
+    let with = |kind: &str, poll: &str| {
+        parse(&format!(
+            "[[providers]]\nname = \"p\"\nkind = \"{kind}\"\nbase_url = \"http://127.0.0.1:1/v1\"\nbatch_api = true\nbatch_poll_interval = \"{poll}\"\n[[routes]]\nmodel = \"m\"\ntargets = [{{ provider = \"p\", model = \"x\" }}]\n"
+        ))
+    };
+    let c = with("openai", "1s").unwrap();
+    assert!(c.providers[0].batch_api);
+    assert_eq!(c.providers[0].batch_poll_interval, Duration::from_secs(1));
+    for kind in ["anthropic", "azure", "mock"] {
+        let err = with(kind, "1s").unwrap_err().to_string();
+        assert!(err.contains("batch_api"), "{kind}: {err}");
+    }
+    let err = with("openai", "1ms").unwrap_err().to_string();
+    assert!(err.contains("batch_poll_interval"), "{err}");
+}
+
 /// A pattern route (`claude-*`) may send the asked name on (`{model}`);
 /// only a pattern route may, and a pattern route has no contract (each name
 /// it serves is another model, certified on its own).

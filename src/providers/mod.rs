@@ -4,7 +4,8 @@
 //! (any OpenAI-compatible base URL: chat completions, embeddings, and the
 //! Responses API with `responses_api`), [`azure`] (Azure OpenAI
 //! deployments: chat completions and embeddings) and [`anthropic`] (the
-//! Messages API and its token count). A body goes as it is and the reply
+//! Messages API and its token count), and [`batch_api`], an `openai`
+//! provider's own Batch API. A body goes as it is and the reply
 //! comes back as it is: translating between dialects is `translate`'s, not
 //! a provider's. Calls go over a pooled keep-alive HTTP client; kind `mock`
 //! answers chat and embeddings in-process (the embedded default and the
@@ -19,6 +20,7 @@
 
 pub mod anthropic;
 pub mod azure;
+pub mod batch_api;
 pub mod breaker;
 pub mod openai;
 
@@ -203,6 +205,8 @@ pub struct Provider {
     pub default_max_tokens: u32,
     upstream: Upstream,
     client: reqwest::Client,
+    /// Its own Batch API (`batch_api = true`).
+    batch: Option<batch_api::BatchApi>,
     mock_seq: AtomicU64,
     /// When a refusal of idem's credentials was last logged.
     auth_warned: std::sync::Mutex<Option<std::time::Instant>>,
@@ -306,6 +310,26 @@ impl Provider {
             provider: config.name.clone(),
             reason,
         };
+        let batch = if config.batch_api {
+            let headers = api_key
+                .as_ref()
+                .map(|k| {
+                    openai::secret_header(
+                        reqwest::header::AUTHORIZATION,
+                        &format!("Bearer {}", secrecy::ExposeSecret::expose_secret(k)),
+                    )
+                })
+                .transpose()
+                .map_err(bad)?
+                .into_iter()
+                .collect();
+            Some(
+                batch_api::BatchApi::new(&config.base_url, headers, config.batch_poll_interval)
+                    .map_err(bad)?,
+            )
+        } else {
+            None
+        };
         let upstream = match config.kind {
             ProviderKind::Mock => Upstream::Mock,
             ProviderKind::Openai => Upstream::Http(Box::new(
@@ -328,9 +352,16 @@ impl Provider {
             default_max_tokens: config.max_tokens,
             upstream,
             client,
+            batch,
             mock_seq: AtomicU64::new(0),
             auth_warned: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Its own Batch API and the client to call it with, when it has one
+    /// (`batch_api = true`).
+    pub fn batch_api(&self) -> Option<(&batch_api::BatchApi, &reqwest::Client)> {
+        self.batch.as_ref().map(|b| (b, &self.client))
     }
 
     /// True when a refusal of idem's credentials by this provider should be

@@ -116,6 +116,9 @@ pub struct BatchRecord {
     pub cancelled_at: Option<i64>,
     pub claimed_by: Option<String>,
     pub claim_until: Option<i64>,
+    /// JSON text: the provider batches its lines were sent to (provider,
+    /// model, provider batch id), for a driver that resumes it.
+    pub upstream: Option<String>,
 }
 
 /// A `batches` row as the database returns it.
@@ -151,6 +154,7 @@ pub(super) struct BatchRow {
     cancelled_at: Option<i64>,
     claimed_by: Option<String>,
     claim_until: Option<i64>,
+    upstream: Option<String>,
 }
 
 from_row!(BatchRow {
@@ -183,7 +187,8 @@ from_row!(BatchRow {
     cancelling_at,
     cancelled_at,
     claimed_by,
-    claim_until
+    claim_until,
+    upstream
 });
 
 impl TryFrom<BatchRow> for BatchRecord {
@@ -226,6 +231,7 @@ impl TryFrom<BatchRow> for BatchRecord {
             cancelled_at: r.cancelled_at,
             claimed_by: r.claimed_by,
             claim_until: r.claim_until,
+            upstream: r.upstream,
         })
     }
 }
@@ -320,7 +326,14 @@ pub trait BatchStore: Send + Sync + 'static {
     /// Creates a line's job (`queued`) unless its key names one already
     /// (returned), but only while its batch is `in_progress`: after a
     /// cancel commits, no line starts. None: the batch is not in progress.
-    async fn create_line(&self, job: &NewJob) -> Result<Option<Created>>;
+    /// A `held` line is due only at [`HELD`]: no job worker claims it (its
+    /// batch's driver sends it in a provider batch) until
+    /// [`BatchStore::release_line`].
+    async fn create_line(&self, job: &NewJob, held: bool) -> Result<Option<Created>>;
+
+    /// A held line's job, still `queued`, becomes due at `now`: the job
+    /// workers take it as any job. Returns whether it was held.
+    async fn release_line(&self, job_id: &str, now: i64) -> Result<bool>;
 
     /// Creates a line's job already ended as `from` ended (succeeded with
     /// its result, failed or cancelled with its error): a line answered
@@ -331,6 +344,9 @@ pub trait BatchStore: Send + Sync + 'static {
     async fn create_answered(&self, job: &NewJob, from: &JobRecord, now: i64) -> Result<Created>;
 }
 
+/// When a held line is due: never, until released.
+pub const HELD: i64 = i64::MAX;
+
 /// The columns of a `batches` row, for `concat!`.
 macro_rules! columns {
     () => {
@@ -338,7 +354,7 @@ macro_rules! columns {
          metadata, key_id, status, errors, output_file_id, error_file_id, total, completed,
          failed, deduplicated, reused, not_run, created_at, expires_at, in_progress_at, finalizing_at,
          completed_at, failed_at, expired_at, cancelling_at, cancelled_at, claimed_by,
-         claim_until"
+         claim_until, upstream"
     };
 }
 
@@ -532,7 +548,8 @@ where
              SET status = $4, errors = $5, output_file_id = $6, error_file_id = $7,
                  total = $8, completed = $9, failed = $10, deduplicated = $11, reused = $12,
                  in_progress_at = $13, finalizing_at = $14, completed_at = $15,
-                 failed_at = $16, expired_at = $17, cancelled_at = $18, not_run = $19
+                 failed_at = $16, expired_at = $17, cancelled_at = $18, not_run = $19,
+                 upstream = $20
              WHERE id = $1 AND claimed_by = $2 AND status = $3",
         )
         .bind(b.id.as_str())
@@ -554,6 +571,7 @@ where
         .bind(b.expired_at)
         .bind(b.cancelled_at)
         .bind(b.counts.not_run)
+        .bind(b.upstream.as_deref())
         .execute(self.writer())
         .await?;
         Ok(D::rows_affected(&done) > 0)
@@ -653,12 +671,12 @@ where
         rows::job(row)
     }
 
-    async fn create_line(&self, job: &NewJob) -> Result<Option<Created>> {
+    async fn create_line(&self, job: &NewJob, held: bool) -> Result<Option<Created>> {
         let row: Option<JobRow> = sqlx::query_as(
             "INSERT INTO jobs (id, tenant, idempotency_key, payload_hash, fingerprint, route, request,
                                metadata, state, version, not_before, created_at, updated_at, dialect,
                                forwarded, key_id, batch_id)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $9, $9, $9, $10, $11, $12, $13
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'queued', 0, $14, $9, $9, $10, $11, $12, $13
              WHERE EXISTS (SELECT 1 FROM batches WHERE id = $13 AND status = 'in_progress')
              ON CONFLICT (tenant, idempotency_key) DO NOTHING
              RETURNING *",
@@ -676,6 +694,7 @@ where
         .bind(job.forwarded.as_deref())
         .bind(job.key_id.as_deref())
         .bind(job.batch_id.as_deref())
+        .bind(if held { HELD } else { job.created_at })
         .fetch_optional(self.writer())
         .await?;
         if let Some(new) = rows::job(row)? {
@@ -688,6 +707,19 @@ where
                 .fetch_optional(self.writer())
                 .await?;
         Ok(rows::job(existing)?.map(Created::Existing))
+    }
+
+    async fn release_line(&self, job_id: &str, now: i64) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE jobs SET not_before = $2, updated_at = $2
+             WHERE id = $1 AND state = 'queued' AND not_before = $3",
+        )
+        .bind(job_id)
+        .bind(now)
+        .bind(HELD)
+        .execute(self.writer())
+        .await?;
+        Ok(D::rows_affected(&done) > 0)
     }
 
     async fn create_answered(&self, job: &NewJob, from: &JobRecord, now: i64) -> Result<Created> {

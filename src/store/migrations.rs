@@ -36,6 +36,7 @@ pub(super) const SQLITE: &[Embedded] = embedded!("sqlite":
     "0007_keys.sql",
     "0008_files.sql",
     "0009_batches.sql",
+    "0010_provider_batches.sql",
 );
 
 /// PostgreSQL's migrations, in order.
@@ -49,6 +50,7 @@ pub(super) const POSTGRES: &[Embedded] = embedded!("postgres":
     "0007_keys.sql",
     "0008_files.sql",
     "0009_batches.sql",
+    "0010_provider_batches.sql",
 );
 
 #[derive(Debug)]

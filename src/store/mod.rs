@@ -55,7 +55,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use batches::{BatchCounts, BatchCreated, BatchRecord, BatchStatus, BatchStore};
+pub use batches::{BatchCounts, BatchCreated, BatchRecord, BatchStatus, BatchStore, HELD};
 pub use files::{ABANDONED_UPLOAD_MS, FileRecord, FileStore, Order, PART_BYTES};
 pub use keys::{AuditEntry, BudgetRecord, KeyChange, KeyRecord, Settlement, period_ms};
 

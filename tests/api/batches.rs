@@ -747,6 +747,157 @@ async fn a_batch_killed_mid_run_resumes_after_a_restart_and_calls_no_line_twice(
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A provider with OpenAI's Batch API, asked every 20 ms.
+const BATCH_API: &str = "batch_api = true\nbatch_poll_interval = \"20ms\"\n";
+
+#[tokio::test]
+async fn a_provider_with_a_batch_api_gets_the_unique_lines_as_one_provider_batch() {
+    let app = TestApp::with(Spec {
+        provider_extra: BATCH_API.into(),
+        ..Spec::default()
+    })
+    .await;
+    let mut lines: Vec<String> = (0..4)
+        .map(|i| line(&format!("u-{i}"), &format!("u{i}")))
+        .collect();
+    lines.extend((0..2).map(|i| line(&format!("dup-{i}"), &format!("u{i}"))));
+    let file = input(&app, ACME, &lines).await;
+    let id = created(&app, ACME, &file).await;
+    let b = until_status(&app, ACME, &id, &["completed", "failed"]).await;
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 6, "completed": 6, "failed": 0}),
+        "{b}"
+    );
+    assert_eq!(b["idem"]["deduplicated"], 2, "{b}");
+    assert_eq!(b["idem"]["provider_batches"], 1, "{b}");
+    let stats = app.mock.stats();
+    assert_eq!(
+        (stats.batches, stats.batch_lines),
+        (1, 4),
+        "one provider batch of the unique lines"
+    );
+    assert_eq!(
+        prompts(&app.mock),
+        ["u0", "u1", "u2", "u3"],
+        "each prompt once"
+    );
+    let by_id = answers(&file_lines(&app, ACME, b["output_file_id"].as_str().unwrap()).await);
+    for i in 0..4 {
+        assert!(
+            by_id[&format!("u-{i}")].ends_with(&format!("to: u{i}")),
+            "{by_id:?}"
+        );
+    }
+    for i in 0..2 {
+        assert_eq!(by_id[&format!("dup-{i}")], by_id[&format!("u-{i}")]);
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lines_a_provider_batch_failed_go_to_the_job_workers() {
+    let app = TestApp::with(Spec {
+        provider_extra: BATCH_API.into(),
+        ..holding()
+    })
+    .await;
+    let lines: Vec<String> = (0..4)
+        .map(|i| line(&format!("f-{i}"), &format!("f{i}")))
+        .collect();
+    let file = input(&app, ACME, &lines).await;
+    let id = created(&app, ACME, &file).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while app.mock.stats().batches < 1 {
+        assert!(std::time::Instant::now() < deadline, "no provider batch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The provider fails every line of its batch: a definite failure, so
+    // each line's next attempt runs as a job's, once.
+    app.mock.set_behaviour(Behaviour::default());
+    release_with(&app.mock, json!({"status": 500})).await;
+    let b = until_status(&app, ACME, &id, &["completed", "failed"]).await;
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 4, "completed": 4, "failed": 0}),
+        "{b}"
+    );
+    let calls = app.mock.calls();
+    let live = |p: &str| {
+        calls
+            .iter()
+            .filter(|c| {
+                c.prompt == p && c.endpoint == idem::mock_upstream::Endpoint::ChatCompletions
+            })
+            .count()
+    };
+    for i in 0..4 {
+        assert_eq!(live(&format!("f{i}")), 1, "{calls:?}");
+    }
+    assert_eq!(app.mock.stats().batch_lines, 4);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_batch_killed_while_its_provider_batch_runs_polls_the_same_one_after_a_restart() {
+    let spec = Spec {
+        provider_extra: BATCH_API.into(),
+        ..holding()
+    };
+    let mocks = start_mocks(&spec).await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let config = dir.join("idem.toml");
+    std::fs::write(&config, config_text(&spec, &mocks, &db, "127.0.0.1:0")).unwrap();
+    let proc = Proc::start(&config, &[]).await;
+    let id = proc_batch(&proc, "s").await;
+    // The provider holds its batch; the gateway has noted it as sent.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let b: Value = proc_get(&proc, &format!("/v1/batches/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if b["idem"]["provider_batches"] == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no provider batch: {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut proc = proc;
+    proc.child.kill().await.unwrap(); // SIGKILL
+    let _ = proc.child.wait().await;
+    mocks.primary.set_behaviour(Behaviour::default());
+    release(&mocks.primary, None).await;
+
+    let proc = Proc::start(&config, &[]).await;
+    let b = proc_completed(&proc, &id, Duration::from_secs(20)).await;
+    let (out, errors) = proc_files(&proc, &b).await;
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 9, "completed": 9, "failed": 0}),
+        "{b} {errors:?}"
+    );
+    let stats = mocks.primary.stats();
+    assert_eq!(
+        (stats.batches, stats.batch_lines),
+        (1, 6),
+        "the same provider batch, polled again"
+    );
+    assert_eq!(
+        prompts(&mocks.primary),
+        ["s0", "s1", "s2", "s3", "s4", "s5"]
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(answers(&out).len(), 9);
+    drop(proc);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn a_replica_killed_mid_batch_leaves_it_to_another_and_no_line_is_called_twice() {
     // Three replicas on PostgreSQL, each driving batches and running jobs,

@@ -42,6 +42,7 @@ fn batch(tenant: &str, id: &str, key: Option<&str>, created_at: i64) -> BatchRec
         cancelled_at: None,
         claimed_by: None,
         claim_until: None,
+        upstream: None,
     }
 }
 
@@ -376,6 +377,7 @@ store_tests!(
     batch_lines_start_only_while_in_progress,
     claim_takes_live_jobs_first_and_lines_up_to_their_limit,
     batches_deleted_only_once_ended,
+    held_lines_are_claimed_only_once_released,
 );
 
 async fn batch_lines_start_only_while_in_progress(s: Arc<dyn Store>) {
@@ -384,11 +386,11 @@ async fn batch_lines_start_only_while_in_progress(s: Arc<dyn Store>) {
         .unwrap();
     let first = line("t1", "batch_z/a", "batch_z", "fp-a", T0);
     // Validating: no line starts yet.
-    assert_eq!(s.create_line(&first).await.unwrap(), None);
+    assert_eq!(s.create_line(&first, false).await.unwrap(), None);
     let mut b = s.claim_batch("w", T0, T0 + 1_000).await.unwrap().unwrap();
     b.status = BatchStatus::InProgress;
     assert!(s.set_batch(&b, "w", BatchStatus::Validating).await.unwrap());
-    let made = match s.create_line(&first).await.unwrap() {
+    let made = match s.create_line(&first, false).await.unwrap() {
         Some(Created::New(j)) => j,
         other => panic!("{other:?}"),
     };
@@ -397,11 +399,11 @@ async fn batch_lines_start_only_while_in_progress(s: Arc<dyn Store>) {
     // Cancelled: a line made before is still found; no new one starts.
     s.cancel_batch("t1", "batch_z", T0 + 1).await.unwrap();
     assert!(matches!(
-        s.create_line(&first).await.unwrap(),
+        s.create_line(&first, false).await.unwrap(),
         Some(Created::Existing(j)) if j.id == made.id
     ));
     let second = line("t1", "batch_z/b", "batch_z", "fp-b", T0);
-    assert_eq!(s.create_line(&second).await.unwrap(), None);
+    assert_eq!(s.create_line(&second, false).await.unwrap(), None);
     assert!(s.job_by_key("t1", "batch_z/b").await.unwrap().is_none());
 }
 
@@ -497,4 +499,51 @@ async fn batches_deleted_only_once_ended(s: Arc<dyn Store>) {
     );
     assert!(s.batch(None, "batch_d").await.unwrap().is_none());
     assert_eq!(s.delete_batch("t1", "batch_d").await.unwrap(), None, "once");
+}
+
+async fn held_lines_are_claimed_only_once_released(s: Arc<dyn Store>) {
+    s.create_batch(&batch("t1", "batch_h", None, T0))
+        .await
+        .unwrap();
+    let mut b = s.claim_batch("w", T0, T0 + 1_000).await.unwrap().unwrap();
+    b.status = BatchStatus::InProgress;
+    b.upstream = Some(r#"[{"provider":"p","model":"m","batch":"batch_up_1"}]"#.into());
+    assert!(s.set_batch(&b, "w", BatchStatus::Validating).await.unwrap());
+    assert_eq!(
+        s.batch(None, "batch_h").await.unwrap().unwrap().upstream,
+        b.upstream,
+        "the provider batches are kept"
+    );
+    let held = match s
+        .create_line(&line("t1", "batch_h/a", "batch_h", "fp-a", T0), true)
+        .await
+        .unwrap()
+    {
+        Some(Created::New(j)) => j,
+        other => panic!("{other:?}"),
+    };
+    let room = Room {
+        jobs: 10,
+        lines: 10,
+    };
+    let claimed = s
+        .claim_and_start(
+            "x",
+            T0 + 1_000_000,
+            T0 + 2_000_000,
+            T0 + 2_000_000,
+            room,
+            &mut |_, _| None,
+        )
+        .await
+        .unwrap();
+    assert!(claimed.is_empty(), "a held line is nobody's to claim");
+    assert!(s.release_line(&held.id, T0 + 5).await.unwrap());
+    assert!(!s.release_line(&held.id, T0 + 6).await.unwrap(), "once");
+    let claimed = s
+        .claim_and_start("x", T0 + 5, T0 + 2_000, T0 + 2_000, room, &mut |_, _| None)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].job.id, held.id);
 }
