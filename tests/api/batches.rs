@@ -231,6 +231,12 @@ async fn a_batch_with_bad_lines_fails_validation_and_a_bad_body_is_its_lines_err
         json!({"custom_id": "m", "method": "POST", "url": "/v1/chat/completions",
                "body": {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}})
         .to_string(),
+        json!({"custom_id": "g", "method": "GET", "url": "/v1/chat/completions",
+               "body": {"model": "bot", "messages": [{"role": "user", "content": "hi"}]}})
+        .to_string(),
+        json!({"method": "POST", "url": "/v1/chat/completions",
+               "body": {"model": "bot", "messages": [{"role": "user", "content": "hi"}]}})
+        .to_string(),
     ];
     let file = input(&app, ACME, &lines).await;
     let id = created(&app, ACME, &file).await;
@@ -255,6 +261,8 @@ async fn a_batch_with_bad_lines_fails_validation_and_a_bad_body_is_its_lines_err
             ("invalid_json_line".to_owned(), 3),
             ("mismatched_endpoint".to_owned(), 4),
             ("model_not_found".to_owned(), 5),
+            ("invalid_method".to_owned(), 6),
+            ("missing_required_parameter".to_owned(), 7),
         ]
     );
     assert_eq!(app.calls(), 0);
@@ -297,6 +305,30 @@ async fn a_batch_with_bad_lines_fails_validation_and_a_bad_body_is_its_lines_err
     assert_eq!(errors[0]["response"]["status_code"], 400);
     assert_eq!(errors[0]["response"]["body"]["error"]["param"], "messages");
     assert_eq!(app.calls(), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_file_over_the_line_limit_fails_validation() {
+    let app = TestApp::with(Spec {
+        extra: "[batches]\nmax_lines = 3\n".into(),
+        ..Spec::default()
+    })
+    .await;
+    let lines: Vec<String> = (0..4)
+        .map(|i| line(&format!("l-{i}"), &format!("l{i}")))
+        .collect();
+    let file = input(&app, ACME, &lines).await;
+    let id = created(&app, ACME, &file).await;
+    let b = until_status(&app, ACME, &id, &["failed", "completed"]).await;
+    assert_eq!(b["status"], "failed", "{b}");
+    let e = &b["errors"]["data"][0];
+    assert_eq!(
+        (e["code"].as_str(), e["line"].as_u64()),
+        (Some("too_many_lines"), Some(4)),
+        "{b}"
+    );
+    assert_eq!(app.calls(), 0);
     app.stop().await;
 }
 
