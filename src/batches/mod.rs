@@ -289,12 +289,6 @@ impl Batches {
                 ),
             ));
         }
-        // A soft limit: two creations at once may both pass it.
-        if self.store.active_batches(tenant).await? >= i64::from(cfg.max_active) {
-            return Err(BatchError::TooMany {
-                limit: cfg.max_active,
-            });
-        }
         let now = now_ms();
         let record = BatchRecord {
             id: format!(
@@ -331,12 +325,17 @@ impl Batches {
             claim_until: None,
             upstream: None,
         };
-        match self.store.create_batch(&record).await? {
+        // The limit is counted in the statement's transaction, the
+        // tenant's creations one at a time: two at once never both pass it.
+        match self.store.create_batch(&record, cfg.max_active).await? {
             BatchCreated::New(b) => {
                 self.wake();
                 Ok((b, true))
             }
             BatchCreated::Existing(b) => same(b, &hash),
+            BatchCreated::TooMany => Err(BatchError::TooMany {
+                limit: cfg.max_active,
+            }),
         }
     }
 

@@ -247,6 +247,8 @@ pub enum BatchCreated {
     /// The tenant's key already named this batch; the caller compares
     /// payload hashes.
     Existing(BatchRecord),
+    /// The tenant has as many batches with work left as it may.
+    TooMany,
 }
 
 /// The store's batches (see the module documentation).
@@ -255,7 +257,7 @@ pub trait BatchStore: Send + Sync + 'static {
     /// Inserts the batch unless the tenant's `idempotency_key` names one
     /// already, which is returned instead (the UNIQUE constraint settles a
     /// race).
-    async fn create_batch(&self, b: &BatchRecord) -> Result<BatchCreated>;
+    async fn create_batch(&self, b: &BatchRecord, max_active: u32) -> Result<BatchCreated>;
 
     /// A batch by id; `tenant: Some(t)` restricts to that tenant's.
     async fn batch(&self, tenant: Option<&str>, id: &str) -> Result<Option<BatchRecord>>;
@@ -303,9 +305,6 @@ pub trait BatchStore: Send + Sync + 'static {
     /// A tenant's `validating` or `in_progress` batch becomes `cancelling`.
     /// Returns the batch as it is afterwards (None: no such batch).
     async fn cancel_batch(&self, tenant: &str, id: &str, now: i64) -> Result<Option<BatchRecord>>;
-
-    /// How many of a tenant's batches have work left.
-    async fn active_batches(&self, tenant: &str) -> Result<i64>;
 
     /// Deletes the tenant's batch `id` if it has ended (`completed`,
     /// `failed`, `expired`, `cancelled`): the row as it was, or None (no
@@ -379,13 +378,44 @@ where
     for<'r> (i64, String): FromRow<'r, Row<D>>,
     for<'r> (String, String): FromRow<'r, Row<D>>,
 {
-    async fn create_batch(&self, b: &BatchRecord) -> Result<BatchCreated> {
+    async fn create_batch(&self, b: &BatchRecord, max_active: u32) -> Result<BatchCreated> {
+        let mut tx = self.begin_write().await?;
+        // The tenant's creations one at a time: none passes the limit
+        // while another is between its count and its insert.
+        sqlx::query(D::LOCK_NAME)
+            .bind(format!("batches:{}", b.tenant).as_str())
+            .execute(&mut *tx)
+            .await?;
+        if let Some(key) = b.idempotency_key.as_deref() {
+            let row: Option<BatchRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM batches WHERE tenant = $1 AND idempotency_key = $2"
+            ))
+            .bind(b.tenant.as_str())
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(existing) = batch(row)? {
+                return Ok(BatchCreated::Existing(existing));
+            }
+        }
+        let (active,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM batches
+             WHERE tenant = $1
+               AND status IN ('validating', 'in_progress', 'finalizing', 'cancelling')",
+        )
+        .bind(b.tenant.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+        if active >= i64::from(max_active) {
+            return Ok(BatchCreated::TooMany);
+        }
         let row: Option<BatchRow> = sqlx::query_as(concat!(
             "INSERT INTO batches (id, tenant, idempotency_key, payload_hash, endpoint,
                                   input_file_id, completion_window, metadata, key_id, status,
                                   total, created_at, expires_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-             ON CONFLICT (tenant, idempotency_key) DO NOTHING
              RETURNING ",
             columns!()
         ))
@@ -402,17 +432,14 @@ where
         .bind(b.counts.total)
         .bind(b.created_at)
         .bind(b.expires_at)
-        .fetch_optional(self.writer())
+        .fetch_optional(&mut *tx)
         .await?;
-        if let Some(new) = batch(row)? {
-            return Ok(BatchCreated::New(new));
-        }
-        let key = b.idempotency_key.as_deref().unwrap_or_default();
-        match self.batch_by_key(&b.tenant, key).await? {
-            Some(existing) => Ok(BatchCreated::Existing(existing)),
+        tx.commit().await?;
+        match batch(row)? {
+            Some(new) => Ok(BatchCreated::New(new)),
             None => Err(StoreError::Corrupt(format!(
-                "batch key {key:?} of tenant {:?} conflicts but cannot be read",
-                b.tenant
+                "batch {} of tenant {:?} was not written",
+                b.id, b.tenant
             ))),
         }
     }
@@ -634,18 +661,6 @@ where
         .fetch_optional(self.writer())
         .await?;
         batch(row)
-    }
-
-    async fn active_batches(&self, tenant: &str) -> Result<i64> {
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM batches
-             WHERE tenant = $1
-               AND status IN ('validating', 'in_progress', 'finalizing', 'cancelling')",
-        )
-        .bind(tenant)
-        .fetch_one(self.reader())
-        .await?;
-        Ok(n)
     }
 
     async fn earlier_answer(

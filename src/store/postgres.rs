@@ -55,6 +55,7 @@ impl Dialect for PgStore {
     const BACKEND: Backend = Backend::Postgres;
 
     const LOCK_JOB: &'static str = "SELECT state, version FROM jobs WHERE id = $1 FOR UPDATE";
+    const LOCK_NAME: &'static str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
     // Several job rows are locked in id order, so two transactions that
     // lock overlapping sets cannot wait on each other in a cycle. A batch
     // names its rows as `= ANY(ARRAY(...))` of the JSON parameter: the

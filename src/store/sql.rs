@@ -90,6 +90,11 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// JSON array `$1` (objects with `job_id`, `n`, `state`).
     const END_ATTEMPTS: &'static str;
 
+    /// In a write transaction, a lock on the name `$1` held until the
+    /// transaction ends: two transactions that take it run one after the
+    /// other (a tenant's batch creations, counted against its limit).
+    const LOCK_NAME: &'static str;
+
     /// In a write transaction, `SELECT limit_nanos, period_ms,
     /// period_start, spent_nanos` of budget `$1`, the row kept from change
     /// until the transaction ends.

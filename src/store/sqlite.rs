@@ -167,6 +167,8 @@ impl Dialect for SqliteStore {
 
     // The transaction holds the write lock already (`BEGIN IMMEDIATE`).
     const LOCK_JOB: &'static str = "SELECT state, version FROM jobs WHERE id = $1";
+    // The write transaction holds SQLite's one write lock already.
+    const LOCK_NAME: &'static str = "SELECT $1";
     const LOCK_JOBS: &'static str = "SELECT id, version, completed_by FROM jobs
          WHERE id IN (SELECT value FROM json_each($1))
          ORDER BY id";

@@ -54,7 +54,7 @@ async fn batches_one_per_key_and_tenant_scoped(s: Arc<dyn Store>) {
         let (s, barrier) = (s.clone(), barrier.clone());
         racers.push(tokio::spawn(async move {
             barrier.wait().await;
-            s.create_batch(&batch("t1", &format!("batch_{i}"), Some("k"), T0))
+            s.create_batch(&batch("t1", &format!("batch_{i}"), Some("k"), T0), 100)
                 .await
                 .unwrap()
         }));
@@ -68,6 +68,7 @@ async fn batches_one_per_key_and_tenant_scoped(s: Arc<dyn Store>) {
                 new.push(b);
             }
             BatchCreated::Existing(b) => ids.push(b.id),
+            BatchCreated::TooMany => panic!("under the limit"),
         }
     }
     assert_eq!(new.len(), 1, "one creation inserts the batch");
@@ -82,7 +83,7 @@ async fn batches_one_per_key_and_tenant_scoped(s: Arc<dyn Store>) {
         ("t2", "batch_c", Some("k")),
     ] {
         assert!(matches!(
-            s.create_batch(&batch(tenant, id, key, T0 + 1))
+            s.create_batch(&batch(tenant, id, key, T0 + 1), 100)
                 .await
                 .unwrap(),
             BatchCreated::New(_)
@@ -114,11 +115,56 @@ async fn batches_one_per_key_and_tenant_scoped(s: Arc<dyn Store>) {
             .unwrap()
             .is_empty()
     );
-    assert_eq!(s.active_batches("t1").await.unwrap(), 3);
+    // t1 has three batches with work left: at a limit of three, a fourth
+    // is refused, a replay of a key is still its batch, t2 is not counted.
+    assert!(matches!(
+        s.create_batch(&batch("t1", "batch_d", None, T0 + 2), 3)
+            .await
+            .unwrap(),
+        BatchCreated::TooMany
+    ));
+    assert!(matches!(
+        s.create_batch(&batch("t1", "batch_e", Some("k"), T0 + 2), 3).await.unwrap(),
+        BatchCreated::Existing(b) if b.id == new[0].id
+    ));
+    assert!(matches!(
+        s.create_batch(&batch("t2", "batch_f", None, T0 + 2), 3)
+            .await
+            .unwrap(),
+        BatchCreated::New(_)
+    ));
+}
+
+async fn batches_at_once_never_pass_the_tenants_limit(s: Arc<dyn Store>) {
+    // Twelve creations at once, a limit of five: five batches.
+    let barrier = Arc::new(Barrier::new(12));
+    let mut racers = Vec::new();
+    for i in 0..12 {
+        let (s, barrier) = (s.clone(), barrier.clone());
+        racers.push(tokio::spawn(async move {
+            barrier.wait().await;
+            s.create_batch(&batch("t1", &format!("batch_{i}"), None, T0), 5)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut made = 0;
+    for r in racers {
+        match r.await.unwrap() {
+            BatchCreated::New(_) => made += 1,
+            BatchCreated::TooMany => {}
+            BatchCreated::Existing(b) => panic!("no key, yet {b:?}"),
+        }
+    }
+    assert_eq!(made, 5);
+    assert_eq!(
+        s.list_batches("t1", false, None, 100).await.unwrap().len(),
+        5
+    );
 }
 
 async fn batches_claimed_by_one_driver_until_the_claim_lapses(s: Arc<dyn Store>) {
-    s.create_batch(&batch("t1", "batch_x", None, T0))
+    s.create_batch(&batch("t1", "batch_x", None, T0), 100)
         .await
         .unwrap();
     let barrier = Arc::new(Barrier::new(6));
@@ -205,7 +251,7 @@ async fn batches_claimed_by_one_driver_until_the_claim_lapses(s: Arc<dyn Store>)
 }
 
 async fn batch_cancel_is_never_overwritten(s: Arc<dyn Store>) {
-    s.create_batch(&batch("t1", "batch_y", None, T0))
+    s.create_batch(&batch("t1", "batch_y", None, T0), 100)
         .await
         .unwrap();
     let mut b = s.claim_batch("w", T0, T0 + 1_000).await.unwrap().unwrap();
@@ -371,6 +417,7 @@ async fn batch_lines_answered_by_earlier_ones(s: Arc<dyn Store>) {
 
 store_tests!(
     batches_one_per_key_and_tenant_scoped,
+    batches_at_once_never_pass_the_tenants_limit,
     batches_claimed_by_one_driver_until_the_claim_lapses,
     batch_cancel_is_never_overwritten,
     batch_lines_answered_by_earlier_ones,
@@ -381,7 +428,7 @@ store_tests!(
 );
 
 async fn batch_lines_start_only_while_in_progress(s: Arc<dyn Store>) {
-    s.create_batch(&batch("t1", "batch_z", None, T0))
+    s.create_batch(&batch("t1", "batch_z", None, T0), 100)
         .await
         .unwrap();
     let first = line("t1", "batch_z/a", "batch_z", "fp-a", T0);
@@ -471,7 +518,7 @@ async fn claim_takes_live_jobs_first_and_lines_up_to_their_limit(s: Arc<dyn Stor
 }
 
 async fn batches_deleted_only_once_ended(s: Arc<dyn Store>) {
-    s.create_batch(&batch("t1", "batch_d", None, T0))
+    s.create_batch(&batch("t1", "batch_d", None, T0), 100)
         .await
         .unwrap();
     assert_eq!(
@@ -502,7 +549,7 @@ async fn batches_deleted_only_once_ended(s: Arc<dyn Store>) {
 }
 
 async fn held_lines_are_claimed_only_once_released(s: Arc<dyn Store>) {
-    s.create_batch(&batch("t1", "batch_h", None, T0))
+    s.create_batch(&batch("t1", "batch_h", None, T0), 100)
         .await
         .unwrap();
     let mut b = s.claim_batch("w", T0, T0 + 1_000).await.unwrap().unwrap();
