@@ -15,8 +15,11 @@
 //!    becomes a job (keyed by the batch and its `custom_id`: made once,
 //!    whoever makes it), at most `batch.concurrency` of the route in flight
 //!    and `batch.rate` started a second; the executor runs it like any job
-//!    (after live jobs, in at most `batches.workers` of its slots). One identical to a line of an
-//!    earlier batch of the tenant is created already answered by it.
+//!    (after live jobs, in at most `batches.workers` of its slots). One
+//!    identical to a line of an earlier batch of the tenant is created
+//!    already answered by it. On a route whose first target's provider has
+//!    its own Batch API, the lines are held instead and sent to it
+//!    together ([`upstream`]).
 //! 3. Second pass: every other line is created already answered by the
 //!    first line of its fingerprint (succeeded with its answer, or failed
 //!    as it failed): one call for all of them.
