@@ -69,6 +69,19 @@ async fn created(app: &TestApp, key: &str, file: &str) -> String {
     v["id"].as_str().unwrap().to_owned()
 }
 
+/// Runs `lines` as a batch of tenant ACME to its end: the batch.
+async fn ran(app: &TestApp, lines: &[String]) -> Value {
+    let file = input(app, ACME, lines).await;
+    let id = created(app, ACME, &file).await;
+    until_status(
+        app,
+        ACME,
+        &id,
+        &["completed", "failed", "cancelled", "expired"],
+    )
+    .await
+}
+
 /// Polls the batch until its status is one of `ended`; returns it.
 async fn until_status(app: &TestApp, key: &str, id: &str, ended: &[&str]) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -291,9 +304,7 @@ async fn a_batch_with_bad_lines_fails_validation_and_a_bad_body_is_its_lines_err
                "body": {"model": "bot", "messages": "not an array"}})
         .to_string(),
     ];
-    let file = input(&app, ACME, &lines).await;
-    let id = created(&app, ACME, &file).await;
-    let b = until_status(&app, ACME, &id, &["failed", "completed"]).await;
+    let b = ran(&app, &lines).await;
     assert_eq!(b["status"], "completed", "{b}");
     assert_eq!(
         b["request_counts"],
@@ -318,9 +329,7 @@ async fn a_file_over_the_line_limit_fails_validation() {
     let lines: Vec<String> = (0..4)
         .map(|i| line(&format!("l-{i}"), &format!("l{i}")))
         .collect();
-    let file = input(&app, ACME, &lines).await;
-    let id = created(&app, ACME, &file).await;
-    let b = until_status(&app, ACME, &id, &["failed", "completed"]).await;
+    let b = ran(&app, &lines).await;
     assert_eq!(b["status"], "failed", "{b}");
     let e = &b["errors"]["data"][0];
     assert_eq!(
@@ -601,9 +610,7 @@ async fn a_routes_batch_rate_spaces_its_lines() {
     let lines: Vec<String> = (0..10)
         .map(|i| line(&format!("r-{i}"), &format!("r{i}")))
         .collect();
-    let file = input(&app, ACME, &lines).await;
-    let id = created(&app, ACME, &file).await;
-    let b = until_status(&app, ACME, &id, &["completed", "failed"]).await;
+    let b = ran(&app, &lines).await;
     assert_eq!(b["request_counts"]["completed"], 10, "{b}");
     // Five at once (the burst), then one every 200 ms: the last call
     // comes at least a second after the first.
@@ -710,6 +717,18 @@ async fn proc_files(proc: &Proc, b: &Value) -> (Vec<Value>, Vec<Value>) {
     (read.pop().unwrap_or_default(), errors)
 }
 
+/// The mocks, a directory, the config of `spec` on an SQLite file in it,
+/// and a gateway process started on that config.
+async fn on_sqlite(spec: &Spec) -> (Mocks, std::path::PathBuf, std::path::PathBuf, Proc) {
+    let mocks = start_mocks(spec).await;
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("idem.db").display());
+    let config = dir.join("idem.toml");
+    std::fs::write(&config, config_text(spec, &mocks, &db, "127.0.0.1:0")).unwrap();
+    let proc = Proc::start(&config, &[]).await;
+    (mocks, dir, config, proc)
+}
+
 /// The prompts the mock was sent, sorted.
 fn prompts(mock: &idem::mock_upstream::MockServer) -> Vec<String> {
     let mut p: Vec<String> = mock.calls().into_iter().map(|c| c.prompt).collect();
@@ -723,12 +742,7 @@ async fn a_batch_killed_mid_run_resumes_after_a_restart_and_calls_no_line_twice(
         route: "batch = { concurrency = 2 }".into(),
         ..holding()
     };
-    let mocks = start_mocks(&spec).await;
-    let dir = temp_dir();
-    let db = format!("sqlite://{}", dir.join("idem.db").display());
-    let config = dir.join("idem.toml");
-    std::fs::write(&config, config_text(&spec, &mocks, &db, "127.0.0.1:0")).unwrap();
-    let proc = Proc::start(&config, &[]).await;
+    let (mocks, dir, config, proc) = on_sqlite(&spec).await;
     let id = proc_batch(&proc, "k").await;
 
     // The first two lines are at the provider when the process dies; the
@@ -793,9 +807,7 @@ async fn a_provider_with_a_batch_api_gets_the_unique_lines_as_one_provider_batch
         .map(|i| line(&format!("u-{i}"), &format!("u{i}")))
         .collect();
     lines.extend((0..2).map(|i| line(&format!("dup-{i}"), &format!("u{i}"))));
-    let file = input(&app, ACME, &lines).await;
-    let id = created(&app, ACME, &file).await;
-    let b = until_status(&app, ACME, &id, &["completed", "failed"]).await;
+    let b = ran(&app, &lines).await;
     assert_eq!(
         b["request_counts"],
         json!({"total": 6, "completed": 6, "failed": 0}),
@@ -876,12 +888,7 @@ async fn a_batch_killed_while_its_provider_batch_runs_polls_the_same_one_after_a
         provider_extra: BATCH_API.into(),
         ..holding()
     };
-    let mocks = start_mocks(&spec).await;
-    let dir = temp_dir();
-    let db = format!("sqlite://{}", dir.join("idem.db").display());
-    let config = dir.join("idem.toml");
-    std::fs::write(&config, config_text(&spec, &mocks, &db, "127.0.0.1:0")).unwrap();
-    let proc = Proc::start(&config, &[]).await;
+    let (mocks, dir, config, proc) = on_sqlite(&spec).await;
     let id = proc_batch(&proc, "s").await;
     // The provider holds its batch; the gateway has noted it as sent.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
