@@ -258,6 +258,9 @@ impl Driver {
                 for id in &g.to_send {
                     released.extend(self.give_back(id, &route).await?);
                 }
+                if let Some(file) = &file {
+                    let _ = store.delete_file(&self.b.tenant, file).await;
+                }
             } else if let Some(file) = file {
                 known.push(Entry {
                     provider: provider.clone(),
@@ -288,8 +291,9 @@ impl Driver {
                     }
                     Err(e) => {
                         tracing::warn!(batch = %self.b.id, provider = %provider, error = %e, "provider batch not made");
-                        // Refused: the provider took nothing, the job
-                        // workers run the lines. Not reached: who knows.
+                        // Refused, or the upload failed: the provider
+                        // runs nothing, the job workers run the lines. The
+                        // creation not reached: who knows.
                         let taken = matches!(e, BatchApiError::Transport(_));
                         for (id, (n, _)) in sent.drain() {
                             if taken {
@@ -350,9 +354,14 @@ impl Driver {
                 }
             }
         });
+        // An upload that failed on the way made no batch: nothing runs.
         let uploaded = api
             .upload(client, format!("{}.jsonl", self.b.id), bytes, body)
-            .await?;
+            .await
+            .map_err(|e| match e {
+                BatchApiError::Transport(t) => BatchApiError::Unreadable(format!("upload: {t}")),
+                other => other,
+            })?;
         api.create(client, &uploaded, CHAT, json!({"idem_batch": self.b.id}))
             .await
     }
