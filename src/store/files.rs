@@ -250,8 +250,12 @@ where
     }
 
     async fn file_part(&self, id: &str, n: i32) -> Result<Option<Vec<u8>>> {
-        if let Some(dir) = self.parts() {
-            return dir.get(id, n).await;
+        // A file written before `batches.files_dir` was set has its parts
+        // in the database: read there when the directory has none.
+        if let Some(dir) = self.parts()
+            && let Some(part) = dir.get(id, n).await?
+        {
+            return Ok(Some(part));
         }
         let part: Option<(Vec<u8>,)> =
             sqlx::query_as("SELECT data FROM file_parts WHERE file_id = $1 AND n = $2")

@@ -229,6 +229,16 @@ mod on_sqlite_with_a_files_dir {
         assert!(root.join("parts/file-d").exists());
         assert!(s.delete_file("t1", "file-d").await.unwrap());
         assert!(!root.join("parts/file-d").exists());
+        // A file written before the directory was set is read from the
+        // database.
+        let url = format!("sqlite://{}", root.join("idem.db").display());
+        let before = crate::store::connect(&url, 2).await.unwrap();
+        super::write(&*before, "t1", "file-old", T0, &[b"kept\n"]).await;
+        assert_eq!(
+            s.file_part("file-old", 0).await.unwrap().as_deref(),
+            Some(&b"kept\n"[..])
+        );
+        assert_eq!(s.file_part("file-old", 1).await.unwrap(), None);
         // An id that is not idem's names no directory.
         assert!(!s.delete_file("t1", "../idem.db").await.unwrap());
         assert!(root.join("idem.db").exists());
