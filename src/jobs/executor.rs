@@ -39,14 +39,13 @@
 //! and hedges go only to targets certified for its current hash, and never
 //! to a target whose circuit is open.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde_json::{Map, Value};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -60,8 +59,8 @@ use crate::flight::{FlightError, RequestBody, Source};
 use crate::jobs::Env;
 use crate::routes::Route;
 use crate::store::{
-    AttemptRecord, AttemptResult, AttemptState, Backend, Completion, JobRecord, NewAttempt, Room,
-    StartAttempt, Store, StoreError, now_ms,
+    AttemptRecord, AttemptResult, AttemptState, Backend, Completion, JobRecord, StartAttempt,
+    now_ms,
 };
 use crate::task::{AttemptRules, CachePolicy, Count, Finish, Task};
 use crate::telemetry::{Attribute, EndOnDrop, attr};
@@ -255,113 +254,6 @@ impl Slot {
         };
         drop(permit);
     }
-}
-
-/// What a job needs to run: its route, its request (in its dialect, with
-/// the client's answer-changing headers) and fingerprint.
-struct Prepared {
-    route: Arc<Route>,
-    request: Arc<Map<String, Value>>,
-    dialect: Dialect,
-    forwarded: Forwarded,
-    fp: Fingerprint,
-}
-
-/// The route and the stored request of a job, or why it cannot run.
-fn prepare(app: &Env, job: &JobRecord) -> Result<Prepared, String> {
-    let Some(route) = app.live().route(&job.route) else {
-        return Err(format!("route {} is no longer configured", job.route));
-    };
-    let (Ok(Value::Object(request)), Ok(fp), Some(dialect)) = (
-        serde_json::from_str::<Value>(&job.request),
-        job.fingerprint.parse::<Fingerprint>(),
-        Dialect::parse(&job.dialect),
-    ) else {
-        return Err("the stored request cannot be read".into());
-    };
-    let stored = job
-        .forwarded
-        .as_deref()
-        .and_then(|f| serde_json::from_str::<Value>(f).ok());
-    Ok(Prepared {
-        route,
-        request: Arc::new(request),
-        dialect,
-        forwarded: Forwarded::from_json(dialect, stored.as_ref()),
-        fp,
-    })
-}
-
-/// A job the dispatcher claimed, with what it learnt of it meanwhile.
-struct Claimed {
-    job: JobRecord,
-    prepared: Result<Prepared, String>,
-    /// The job's attempts before this run.
-    earlier: Vec<AttemptRecord>,
-    /// The first attempt of this run, started with the claim, and its
-    /// target.
-    first: Option<(AttemptRecord, usize)>,
-}
-
-/// Claims up to `limit` queued jobs (live ones first, at most `lines`
-/// batch lines) and starts the first attempt of each that may make one, in one transaction for the batch: the choice its
-/// run would make (budget, then the target walk).
-async fn claim(app: &Env, limit: usize, lines: usize) -> Result<Vec<Claimed>, StoreError> {
-    let cfg = &app.live().config.jobs;
-    let (store, worker) = (&app.jobs().store, &app.jobs().worker_id);
-    let now = now_ms();
-    let room = Room {
-        jobs: u32::try_from(limit).unwrap_or(u32::MAX),
-        lines: u32::try_from(lines).unwrap_or(u32::MAX),
-    };
-    let mut prepared: HashMap<String, (Result<Prepared, String>, Option<usize>)> = HashMap::new();
-    let mut choose = |job: &JobRecord, earlier: &[AttemptRecord]| {
-        let p = prepare(app, job);
-        let mut pick = None;
-        if let Ok(p) = &p {
-            let used = budgeted(earlier);
-            if used < attempt_budget(&p.route.config.attempts, job)
-                && !earlier.iter().any(|a| a.state.is_active())
-                && let Ok(target) = failover::Walk::attempt(&p.route, used).first(app.metrics())
-                && let Some(t) = p.route.targets.get(target)
-            {
-                pick = Some((
-                    NewAttempt {
-                        provider: t.provider.name.to_string(),
-                        model: t.model.to_string(),
-                    },
-                    target,
-                ));
-            }
-        }
-        let (to, target) = pick.unzip();
-        prepared.insert(job.id.clone(), (p, target));
-        to
-    };
-    let claimed = store
-        .claim_and_start(
-            worker,
-            now,
-            now + ms(cfg.claim_lease),
-            now + ms(cfg.attempt_lease),
-            room,
-            &mut choose,
-        )
-        .await?;
-    Ok(claimed
-        .into_iter()
-        .map(|c| {
-            let (prepared, target) = prepared
-                .remove(&c.job.id)
-                .unwrap_or_else(|| (Err("the claimed job was not prepared".into()), None));
-            Claimed {
-                first: c.started.zip(target),
-                job: c.job,
-                prepared,
-                earlier: c.earlier,
-            }
-        })
-        .collect())
 }
 
 /// The targets automatic attempts may use, in order, health aside. The
@@ -1064,100 +956,11 @@ impl AttemptCtx {
     }
 }
 
-/// What the writer of completions answers: the completion, or the store's
-/// error as text.
-type Reply = oneshot::Sender<Result<Completion, String>>;
+mod claim;
+mod completer;
 
-/// Hands attempts' results to the writer of completions, which commits
-/// those that arrive together in one transaction (a group commit: one
-/// database round of locks, updates and commit for many jobs, where each
-/// job used to take its own). Every completion is still the job's
-/// compare-and-swap, settled as if alone. At most [`COMPLETIONS_WAITING`]
-/// wait for the writer: past that, a job keeps its slot until its result
-/// finds room, so that a store slower than the provider slows the claims
-/// instead of piling results up in memory.
-#[derive(Clone)]
-struct Completer(mpsc::Sender<(AttemptResult, Reply)>);
-
-impl Completer {
-    fn start(
-        store: Arc<dyn Store>,
-        shutdown: &CancellationToken,
-        tracker: &TaskTracker,
-    ) -> Completer {
-        let (tx, rx) = mpsc::channel(COMPLETIONS_WAITING);
-        tracker.spawn(write_completions(store, rx, shutdown.clone()));
-        Completer(tx)
-    }
-
-    /// Completes the job with this attempt's result (through the writer,
-    /// or directly once it has stopped). The job's slot is given back once
-    /// the writer has the result.
-    async fn complete(
-        &self,
-        store: &Arc<dyn Store>,
-        r: AttemptResult,
-        slot: &Slot,
-    ) -> Result<Completion, String> {
-        let (tx, rx) = oneshot::channel();
-        let r = match self.0.send((r, tx)).await {
-            Ok(()) => {
-                slot.release();
-                // Err: the writer stopped (shutdown) before taking it,
-                // nothing was written.
-                return rx
-                    .await
-                    .unwrap_or_else(|_| Err("the completion writer stopped".into()));
-            }
-            Err(mpsc::error::SendError((r, _))) => r,
-        };
-        store
-            .complete(&r.job_id, r.n, r.read_version, &r.result, now_ms())
-            .await
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// The writer of completions: takes whatever is waiting (up to
-/// [`MAX_COMPLETIONS`]) and writes it in one transaction. A batch the store
-/// refuses is tried again one completion at a time, so that one bad entry
-/// (or a deadlock the database broke) costs no other job its result.
-async fn write_completions(
-    store: Arc<dyn Store>,
-    mut rx: mpsc::Receiver<(AttemptResult, Reply)>,
-    shutdown: CancellationToken,
-) {
-    let mut batch = Vec::with_capacity(MAX_COMPLETIONS);
-    loop {
-        let got = tokio::select! {
-            () = shutdown.cancelled() => return,
-            got = rx.recv_many(&mut batch, MAX_COMPLETIONS) => got,
-        };
-        if got == 0 {
-            return;
-        }
-        let (results, replies): (Vec<AttemptResult>, Vec<Reply>) = batch.drain(..).unzip();
-        match store.complete_all(&results, now_ms()).await {
-            Ok(done) if done.len() == results.len() => {
-                for (reply, d) in replies.into_iter().zip(done) {
-                    let _ = reply.send(Ok(d));
-                }
-            }
-            outcome => {
-                if let Err(e) = &outcome {
-                    tracing::warn!(error = %e, completions = results.len(), "cannot write completions together: one at a time");
-                }
-                for (reply, r) in replies.into_iter().zip(results) {
-                    let done = store
-                        .complete(&r.job_id, r.n, r.read_version, &r.result, now_ms())
-                        .await
-                        .map_err(|e| e.to_string());
-                    let _ = reply.send(done);
-                }
-            }
-        }
-    }
-}
+use claim::{Claimed, Prepared, claim};
+use completer::Completer;
 
 #[cfg(test)]
 mod tests {
